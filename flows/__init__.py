@@ -1,0 +1,1 @@
+"""Prefect flows: wiring only. They call tasks and branch on typed verdicts."""

@@ -1,0 +1,106 @@
+"""The ClickHouse schema as an ordered list of idempotent migrations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "events",
+        (
+            """
+            CREATE TABLE IF NOT EXISTS events (
+                ts DateTime64(3, 'UTC'),
+                session_id String,
+                user_id UInt64,
+                item_id UInt64,
+                category_id UInt16,
+                brand_id UInt32,
+                device_type UInt8,
+                hour UInt8,
+                weekday UInt8,
+                position UInt8,
+                region_id UInt8,
+                price Float32,
+                discount_pct Float32,
+                item_rating Float32,
+                item_review_count Float32,
+                item_age_days Float32,
+                item_ctr_7d Float32,
+                item_impressions_7d Float32,
+                user_age Float32,
+                user_tenure_days Float32,
+                user_clicks_30d Float32,
+                user_orders_30d Float32,
+                user_ctr_30d Float32,
+                user_avg_price Float32,
+                user_category_affinity Float32,
+                session_depth Float32,
+                session_duration_s Float32,
+                seconds_since_last_click Float32,
+                price_to_user_avg Float32,
+                clicked UInt8
+            ) ENGINE = MergeTree ORDER BY (ts, user_id)
+            """,
+        ),
+    ),
+    Migration(
+        2,
+        "inference_logs, user_sessions, release_events",
+        (
+            """
+            CREATE TABLE IF NOT EXISTS inference_logs (
+                ts DateTime64(3, 'UTC'),
+                request_id String,
+                user_id UInt64,
+                session_id String,
+                slot LowCardinality(String),
+                model_version String,
+                lineage_id String,
+                latency_ms Float32,
+                queue_ms Float32,
+                preprocess_ms Float32,
+                compute_ms Float32,
+                postprocess_ms Float32,
+                batch_size UInt16,
+                input_bytes UInt32,
+                status UInt16,
+                error_code LowCardinality(String)
+            ) ENGINE = MergeTree ORDER BY (ts, slot)
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS user_sessions (
+                session_id String,
+                user_id UInt64,
+                started_at DateTime64(3, 'UTC'),
+                user_age Float32,
+                device_type LowCardinality(String),
+                session_length_s Float32,
+                orders UInt16,
+                gmv Float64
+            ) ENGINE = MergeTree ORDER BY (started_at, session_id)
+            """,
+            """
+            CREATE TABLE IF NOT EXISTS release_events (
+                ts DateTime64(3, 'UTC'),
+                release_id String,
+                model_version String,
+                lineage_id String,
+                kind LowCardinality(String),
+                verdict LowCardinality(String),
+                reason String,
+                details String
+            ) ENGINE = MergeTree ORDER BY (ts, release_id)
+            """,
+        ),
+    ),
+)

@@ -1,0 +1,1 @@
+"""Relay: safe, observable ML model releases. The shared kernel lives here."""

@@ -1,0 +1,119 @@
+"""Domain types shared by tasks, flows, the model store and the serving worker."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+LINEAGE_PARTS = ("model", "data", "env", "build")
+LINEAGE_PREFIX = 12  # hex characters of each sha256 shown in the id
+
+
+class Verdict(StrEnum):
+    """What a gate decided. Only `passed` lets a release continue."""
+
+    passed = "passed"
+    failed = "failed"
+    inconclusive = "inconclusive"
+    error = "error"
+
+
+class GateResult(BaseModel):
+    """A gate's typed verdict with what it measured, the limits it applied and why."""
+
+    gate: str
+    verdict: Verdict
+    reason: str
+    measurements: dict[str, float] = Field(default_factory=dict)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+
+class LineageId(BaseModel, frozen=True):
+    """The four-part id `{model}_{data}_{env}_{build}`: full sha256 hex digests of each part."""
+
+    model: str
+    data: str
+    env: str
+    build: str
+
+    def __str__(self) -> str:
+        return "_".join(getattr(self, part)[:LINEAGE_PREFIX] for part in LINEAGE_PARTS)
+
+    @classmethod
+    def parse(cls, text: str) -> LineageId:
+        """Parse the printed form (prefixes). Raises ValueError naming what is wrong."""
+        pieces = text.strip().split("_")
+        if len(pieces) != 4 or not all(
+            p and all(c in "0123456789abcdef" for c in p) for p in pieces
+        ):
+            raise ValueError(
+                f"lineage id must be four hex parts joined by '_' (model_data_env_build), got {text!r}"
+            )
+        return cls(**dict(zip(LINEAGE_PARTS, pieces, strict=True)))
+
+    def differing_parts(self, other: LineageId) -> list[str]:
+        """Names of the parts whose hashes differ (compared on the shorter of the two)."""
+        changed = []
+        for part in LINEAGE_PARTS:
+            a, b = getattr(self, part), getattr(other, part)
+            n = min(len(a), len(b))
+            if a[:n] != b[:n]:
+                changed.append(part)
+        return changed
+
+
+class BlobRef(BaseModel):
+    """A content-addressed blob: its sha256 and size in bytes."""
+
+    sha256: str
+    size: int
+
+
+class EngineRecord(BaseModel):
+    """A compiled engine in a version: which runtime, its file and how it was built."""
+
+    name: str  # "ort-fp32", "ort-int8", "trt-fp16"
+    blob: BlobRef
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ParityResult(BaseModel):
+    """How closely one engine reproduces the PyTorch reference on the holdout."""
+
+    engine: str
+    accepted: bool
+    reason: str
+    max_abs_diff: float
+    auc_delta: float
+    topk_overlap: float
+    tolerances: dict[str, float]
+
+
+class VersionManifest(BaseModel):
+    """Everything a version is: written last, after every blob it lists is stored."""
+
+    version: str
+    created_at: datetime
+    lineage: LineageId
+    lineage_id: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+    blobs: dict[str, BlobRef] = Field(default_factory=dict)  # "model.onnx", "weights.pt" ...
+    engines: list[EngineRecord] = Field(default_factory=list)
+    parity: list[ParityResult] = Field(default_factory=list)
+    lineage_sources: dict[str, Any] = Field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+
+class AliasEvent(BaseModel):
+    """One move of an alias: append-only, so history answers 'who held champion when, and why'."""
+
+    alias: str
+    version: str | None  # None = alias cleared
+    previous: str | None
+    actor: str
+    reason: str
+    at: datetime

@@ -1,0 +1,198 @@
+"""Read the training window from ClickHouse and validate it with Great Expectations."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+import logstore
+from logstore.events import EVENT_COLUMNS, read_window
+from relay.errors import DataValidationFailed, LogStoreError
+from relay.features import CATEGORICAL, DENSE, LABEL
+from relay.settings import Settings
+
+
+@dataclass(frozen=True)
+class TrainingWindow:
+    """The half-open time range [start, end) the model learns from."""
+
+    start: datetime
+    end: datetime
+
+    def __str__(self) -> str:
+        return f"[{self.start.isoformat()}, {self.end.isoformat()})"
+
+
+@dataclass(frozen=True)
+class ExpectationOutcome:
+    """One expectation's result, as a row of the validation artifact."""
+
+    expectation: str
+    column: str
+    success: bool
+    observed: str
+
+
+@dataclass(frozen=True)
+class DataReport:
+    """The suite's outcome over a window: every expectation, and whether all passed."""
+
+    rows: int
+    outcomes: list[ExpectationOutcome]
+
+    @property
+    def success(self) -> bool:
+        return all(o.success for o in self.outcomes)
+
+    @property
+    def failures(self) -> list[ExpectationOutcome]:
+        return [o for o in self.outcomes if not o.success]
+
+
+@dataclass(frozen=True)
+class DataLimits:
+    """What a trainable window looks like."""
+
+    min_rows: int = 10_000
+    min_label_rate: float = 0.002
+    max_label_rate: float = 0.5
+
+
+def window_ending(end: datetime | None, days: float) -> TrainingWindow:
+    """The `days` before `end` (default: now, UTC)."""
+    if days <= 0:
+        raise ValueError(f"window_days must be positive, got {days}")
+    end = (end or datetime.now(UTC)).astimezone(UTC)
+    return TrainingWindow(start=end - timedelta(days=days), end=end)
+
+
+def build_suite(limits: DataLimits) -> Any:
+    """The expectation suite over a training window."""
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    suite = gx.ExpectationSuite(name="training-window")
+    suite.add_expectation(gxe.ExpectTableColumnsToMatchSet(column_set=list(EVENT_COLUMNS)))
+    suite.add_expectation(gxe.ExpectTableRowCountToBeBetween(min_value=limits.min_rows))
+    for spec in CATEGORICAL:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=spec.name))
+        suite.add_expectation(
+            gxe.ExpectColumnValuesToBeInTypeList(
+                column=spec.name, type_list=["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+            )
+        )
+        if not spec.hashed:
+            suite.add_expectation(
+                gxe.ExpectColumnValuesToBeBetween(
+                    column=spec.name, min_value=0, max_value=spec.buckets
+                )
+            )
+    for dense in DENSE:
+        suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=dense.name))
+        # inf falls outside any finite range, so this also catches non-finite values
+        suite.add_expectation(
+            gxe.ExpectColumnValuesToBeBetween(
+                column=dense.name, min_value=dense.low, max_value=dense.high
+            )
+        )
+    # Distributions sane: the median price is a real price, history rates are not saturated.
+    suite.add_expectation(gxe.ExpectColumnMedianToBeBetween(column="price", min_value=0.5, max_value=50_000))
+    suite.add_expectation(gxe.ExpectColumnMeanToBeBetween(column="user_ctr_30d", min_value=0.0005, max_value=0.5))
+    suite.add_expectation(gxe.ExpectColumnStdevToBeBetween(column="item_rating", min_value=0.01))
+    suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=LABEL, value_set=[0, 1]))
+    suite.add_expectation(
+        gxe.ExpectColumnMeanToBeBetween(
+            column=LABEL, min_value=limits.min_label_rate, max_value=limits.max_label_rate
+        )
+    )
+    return suite
+
+
+def _observed(result: dict[str, Any]) -> str:
+    if "observed_value" in result:
+        return str(result["observed_value"])
+    if "unexpected_count" in result:
+        sample = result.get("partial_unexpected_list", [])[:3]
+        return f"{result['unexpected_count']} unexpected (e.g. {sample})"
+    return "n/a"
+
+
+def validate_frame(frame: pd.DataFrame, limits: DataLimits) -> DataReport:
+    """Run the suite over a window; an empty window fails without asking GE."""
+    if frame.empty:
+        return DataReport(
+            rows=0,
+            outcomes=[ExpectationOutcome("expect_table_row_count_to_be_between", "", False, "0 rows")],
+        )
+    import great_expectations as gx
+
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False}  # type: ignore[assignment]
+    batch = (
+        context.data_sources.add_pandas("relay")
+        .add_dataframe_asset("training_window")
+        .add_batch_definition_whole_dataframe("whole")
+        .get_batch(batch_parameters={"dataframe": frame})
+    )
+    result = batch.validate(build_suite(limits))
+    outcomes = [
+        ExpectationOutcome(
+            expectation=r.expectation_config.type,
+            column=str(r.expectation_config.kwargs.get("column", "")),
+            success=bool(r.success),
+            observed=_observed(r.result or {})
+            if not (r.exception_info or {}).get("raised_exception")
+            else f"error: {r.exception_info.get('exception_message')}",
+        )
+        for r in result.results
+    ]
+    return DataReport(rows=len(frame), outcomes=outcomes)
+
+
+def failure_message(report: DataReport, window: TrainingWindow) -> str:
+    """The error text: each failed expectation with its observed value."""
+    lines = [f"training window {window} failed data validation ({report.rows} rows):"]
+    lines += [f"  - {f.expectation}({f.column}): observed {f.observed}" for f in report.failures]
+    return "\n".join(lines)
+
+
+@task(name="read-training-window", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def read_training_window(settings: Settings, window: TrainingWindow) -> pd.DataFrame:
+    """The window's events from ClickHouse, by SQL."""
+    try:
+        client = logstore.connect(settings.resolved_clickhouse_dsn)
+        return read_window(client, window.start, window.end)
+    except LogStoreError:
+        raise
+    except Exception as exc:
+        raise LogStoreError(
+            f"reading training window {window} from {logstore.redact(settings.resolved_clickhouse_dsn)} failed: {exc}"
+        ) from exc
+
+
+@task(name="validate-training-data", cache_policy=NO_CACHE)
+def validate_training_data(
+    frame: pd.DataFrame, window: TrainingWindow, limits: DataLimits
+) -> DataReport:
+    """Run the suite, publish its results as a table artifact, and stop the run if it fails."""
+    report = validate_frame(frame, limits)
+    create_table_artifact(
+        key="data-validation",
+        table=[
+            {"expectation": o.expectation, "column": o.column, "success": o.success, "observed": o.observed}
+            for o in report.outcomes
+        ],
+        description=f"Great Expectations over training window {window}: "
+        f"{'passed' if report.success else f'{len(report.failures)} failed'}",
+    )
+    if not report.success:
+        raise DataValidationFailed(failure_message(report, window))
+    return report
