@@ -1,0 +1,45 @@
+# Relay: `make demo` runs a release on the embedded stack; `make test` runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PREFECT_PORT ?= 4200
+export PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
+export PREFECT_HOME    ?= $(CURDIR)/.relay/prefect
+
+.PHONY: install demo test test-fast up down bench lint clean
+
+install: $(VENV)/.installed
+
+# torch is pinned to the CPU build that lies on the machine's disk; install it first so nothing
+# else can pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+up: install
+	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
+
+down:
+	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh stop
+
+demo: install up
+	$(BIN)/python -m flows.cli demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: install
+	$(BIN)/python -m bench.release
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy relay model_store logstore simulation tasks flows
+
+clean: down
+	rm -rf .relay

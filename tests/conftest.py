@@ -1,0 +1,79 @@
+"""Shared fixtures: an isolated Relay home per test session and a small published model version.
+
+chdb allows one engine path per process, so the whole session shares one ClickHouse path
+(under the session's Relay home); tests that need clean tables use their own time windows or
+their own store directories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from relay.settings import Settings, get_settings
+
+
+@pytest.fixture(scope="session")
+def relay_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """RELAY_HOME for the whole session: embedded ClickHouse, model store and MLflow live here."""
+    home = tmp_path_factory.mktemp("relay-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELAY_HOME", str(home))
+        for name in ("RELAY_MODEL_STORE_URL", "RELAY_CLICKHOUSE_DSN", "RELAY_MLFLOW_TRACKING_URI"):
+            mp.delenv(name, raising=False)
+        get_settings.cache_clear()
+        yield home
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def settings(relay_home: Path) -> Settings:
+    return get_settings()
+
+
+@dataclass
+class PublishedVersion:
+    """A small but real trained, exported, compiled and published model version."""
+
+    store: object  # model_store.ModelStore
+    manifest: object  # relay.types.VersionManifest
+    workdir: Path
+    holdout_x: object  # numpy float32 (n, 27)
+
+
+@pytest.fixture(scope="session")
+def published_version(tmp_path_factory: pytest.TempPathFactory) -> PublishedVersion:
+    """Train on 30k simulated events (no ClickHouse, no Prefect) and publish to a local store."""
+    from model_store import ModelStore
+    from model_store.local import LocalBackend
+    from simulation.shop import ShopConfig, generate_events
+    from tasks.compilation import CompileOutcome, optimise_fp32, quantise_int8
+    from tasks.export import export_model
+    from tasks.lineage import compute_lineage_record
+    from tasks.registry import build_manifest
+    from tasks.training import TrainConfig, train_model
+
+    root = tmp_path_factory.mktemp("published")
+    workdir = root / "run"
+    workdir.mkdir()
+    frame = generate_events(ShopConfig(seed=11), 30_000, datetime(2026, 11, 1, tzinfo=UTC))
+    trained = train_model(frame, TrainConfig(seed=11, epochs=1))
+    import torch
+
+    torch.save(trained.model.state_dict(), workdir / "weights.pt")
+    model_path = export_model(trained.model, workdir / "model.onnx")
+    engines = [
+        optimise_fp32(model_path, workdir / "ort-fp32.onnx"),
+        quantise_int8(model_path, workdir / "ort-int8.onnx"),
+    ]
+    record = compute_lineage_record(model_path, frame, engines, "fixture-window")
+    store = ModelStore(LocalBackend(root / "store"))
+    manifest = build_manifest(
+        trained, CompileOutcome(engines=engines, parity=[]), record, store, model_path, workdir / "weights.pt"
+    )
+    store.publish(manifest)
+    return PublishedVersion(store=store, manifest=manifest, workdir=workdir, holdout_x=trained.holdout_x)
