@@ -115,11 +115,11 @@ def to_model_input(frame: pd.DataFrame) -> np.ndarray:
             continue
         out[:, j] = _categorical_column(raw, spec)
     for j, dspec in enumerate(DENSE, start=N_CATEGORICAL):
-        col = _dense_column(frame[dspec.name].to_numpy(), dspec)
-        if not np.isfinite(col).all():
+        raw = frame[dspec.name].to_numpy(dtype=np.float64)
+        if not np.isfinite(raw).all():  # checked before transforms: clipping would hide an inf
             bad.append(dspec.name)
             continue
-        out[:, j] = col
+        out[:, j] = _dense_column(raw, dspec)
     if bad:
         raise ValueError(f"non-finite values (NaN or inf) in feature columns: {', '.join(bad)}")
     return out

@@ -182,7 +182,7 @@ def generate_events(
             "brand_id": pop.item_brand[item].astype(np.uint32),
             "device_type": device.astype(np.uint8),
             "hour": hour.astype(np.uint8),
-            "weekday": ts.weekday.to_numpy().astype(np.uint8),
+            "weekday": ts.day_of_week.to_numpy().astype(np.uint8),
             "position": position.astype(np.uint8),
             "region_id": pop.user_region[user].astype(np.uint8),
             "price": price.astype(np.float32),
