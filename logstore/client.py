@@ -39,7 +39,9 @@ def connect(dsn: str) -> Client:
         except LogStoreError:
             raise
         except Exception as exc:  # the driver raises several types; all mean "cannot use it"
-            raise LogStoreError(f"ClickHouse at {redact(dsn)} is unreachable or failed: {exc}") from exc
+            raise LogStoreError(
+                f"ClickHouse at {redact(dsn)} is unreachable or failed: {exc}"
+            ) from exc
         _clients[dsn] = client
         return client
 

@@ -17,9 +17,7 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore")
 
-    home: Path = Field(
-        default=Path(".relay"), description="Working directory for embedded state."
-    )
+    home: Path = Field(default=Path(".relay"), description="Working directory for embedded state.")
     model_store_url: str = Field(
         default="",
         description="file:///path or s3://bucket[/prefix]; empty = <home>/models.",

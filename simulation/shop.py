@@ -127,7 +127,11 @@ def generate_events(
     session_user = rng.choice(len(user_weights), n_sessions, p=user_weights)
     evening = rng.random(n_sessions) < 0.35
     start_s = rng.uniform(0, days * 86_400, n_sessions)
-    start_s = np.where(evening, np.floor(start_s / 86_400) * 86_400 + rng.uniform(18, 23, n_sessions) * 3_600, start_s)
+    start_s = np.where(
+        evening,
+        np.floor(start_s / 86_400) * 86_400 + rng.uniform(18, 23, n_sessions) * 3_600,
+        start_s,
+    )
     start_s = np.minimum(start_s, days * 86_400 - 3_600)
 
     session = np.sort(rng.integers(0, n_sessions, n_events))
@@ -143,7 +147,9 @@ def generate_events(
     # What the feed shows: mostly the user's favourite categories.
     fav_pick = rng.integers(0, 3, n_events)
     from_favs = rng.random(n_events) < 0.6
-    category = np.where(from_favs, pop.user_favs[user, fav_pick], rng.integers(0, N_CATEGORIES, n_events))
+    category = np.where(
+        from_favs, pop.user_favs[user, fav_pick], rng.integers(0, N_CATEGORIES, n_events)
+    )
     item = np.empty(n_events, dtype=np.int64)
     for c in range(N_CATEGORIES):
         rows = np.flatnonzero(category == c)
@@ -163,12 +169,22 @@ def generate_events(
     hour = ts.hour.to_numpy()
     device = pop.user_device[user]
     p_click = true_ctr(
-        affinity, position, pop.item_quality[item], pop.user_propensity[user],
-        price_ratio, discount, hour, device,
+        affinity,
+        position,
+        pop.item_quality[item],
+        pop.user_propensity[user],
+        price_ratio,
+        discount,
+        hour,
+        device,
     )
     clicked = (rng.random(n_events) < p_click).astype(np.uint8)
-    noisy_user_ctr = np.clip(_sigmoid(-3.0 + 0.8 * pop.user_propensity[user]) + rng.normal(0, 0.005, n_events), 0, 1)
-    noisy_item_ctr = np.clip(_sigmoid(-3.0 + 0.7 * pop.item_quality[item]) + rng.normal(0, 0.005, n_events), 0, 1)
+    noisy_user_ctr = np.clip(
+        _sigmoid(-3.0 + 0.8 * pop.user_propensity[user]) + rng.normal(0, 0.005, n_events), 0, 1
+    )
+    noisy_item_ctr = np.clip(
+        _sigmoid(-3.0 + 0.7 * pop.item_quality[item]) + rng.normal(0, 0.005, n_events), 0, 1
+    )
     clicks_30d = rng.poisson(pop.user_activity[user] * 3)
 
     # Ids are offset so they look like real ids rather than row numbers.

@@ -72,15 +72,24 @@ def optimise_fp32(model_path: Path, out: Path) -> CompiledEngine:
     opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, ORT_OPT_LEVEL)
     opts.optimized_model_filepath = str(out)
     ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
-    return CompiledEngine("ort-fp32", out, {"graph_optimization_level": ORT_OPT_LEVEL, "ort": ort.__version__})
+    return CompiledEngine(
+        "ort-fp32", out, {"graph_optimization_level": ORT_OPT_LEVEL, "ort": ort.__version__}
+    )
 
 
 def quantise_int8(model_path: Path, out: Path) -> CompiledEngine:
     """Dynamic int8 quantisation of MatMul weights (activations quantised at run time)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(model_path), str(out), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
-    return CompiledEngine("ort-int8", out, {"quantization": "dynamic", "weight_type": "QInt8", "ort": ort.__version__})
+    quantize_dynamic(
+        str(model_path),
+        str(out),
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Gemm"],
+    )
+    return CompiledEngine(
+        "ort-int8", out, {"quantization": "dynamic", "weight_type": "QInt8", "ort": ort.__version__}
+    )
 
 
 def run_engine(path: Path, x: np.ndarray, batch: int = 8192) -> np.ndarray:

@@ -85,7 +85,17 @@ def build_suite(limits: DataLimits) -> Any:
         suite.add_expectation(gxe.ExpectColumnValuesToNotBeNull(column=spec.name))
         suite.add_expectation(
             gxe.ExpectColumnValuesToBeInTypeList(
-                column=spec.name, type_list=["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+                column=spec.name,
+                type_list=[
+                    "int8",
+                    "int16",
+                    "int32",
+                    "int64",
+                    "uint8",
+                    "uint16",
+                    "uint32",
+                    "uint64",
+                ],
             )
         )
         if not spec.hashed:
@@ -103,8 +113,12 @@ def build_suite(limits: DataLimits) -> Any:
             )
         )
     # Distributions sane: the median price is a real price, history rates are not saturated.
-    suite.add_expectation(gxe.ExpectColumnMedianToBeBetween(column="price", min_value=0.5, max_value=50_000))
-    suite.add_expectation(gxe.ExpectColumnMeanToBeBetween(column="user_ctr_30d", min_value=0.0005, max_value=0.5))
+    suite.add_expectation(
+        gxe.ExpectColumnMedianToBeBetween(column="price", min_value=0.5, max_value=50_000)
+    )
+    suite.add_expectation(
+        gxe.ExpectColumnMeanToBeBetween(column="user_ctr_30d", min_value=0.0005, max_value=0.5)
+    )
     suite.add_expectation(gxe.ExpectColumnStdevToBeBetween(column="item_rating", min_value=0.01))
     suite.add_expectation(gxe.ExpectColumnValuesToBeInSet(column=LABEL, value_set=[0, 1]))
     suite.add_expectation(
@@ -129,7 +143,9 @@ def validate_frame(frame: pd.DataFrame, limits: DataLimits) -> DataReport:
     if frame.empty:
         return DataReport(
             rows=0,
-            outcomes=[ExpectationOutcome("expect_table_row_count_to_be_between", "", False, "0 rows")],
+            outcomes=[
+                ExpectationOutcome("expect_table_row_count_to_be_between", "", False, "0 rows")
+            ],
         )
     import great_expectations as gx
 
@@ -187,7 +203,12 @@ def validate_training_data(
     create_table_artifact(
         key="data-validation",
         table=[
-            {"expectation": o.expectation, "column": o.column, "success": o.success, "observed": o.observed}
+            {
+                "expectation": o.expectation,
+                "column": o.column,
+                "success": o.success,
+                "observed": o.observed,
+            }
             for o in report.outcomes
         ],
         description=f"Great Expectations over training window {window}: "

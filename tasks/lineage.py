@@ -1,9 +1,9 @@
 """The four-part lineage id: what the model is, what it learned from, where, and how it was built.
 
-    model  sha256 of the exported ONNX bytes
-    data   training-window content + feature-pipeline code + events schema
-    env    Python + key package versions (+ CUDA and GPU compute capability when present)
-    build  compiled engine bytes + compile options
+model  sha256 of the exported ONNX bytes
+data   training-window content + feature-pipeline code + events schema
+env    Python + key package versions (+ CUDA and GPU compute capability when present)
+build  compiled engine bytes + compile options
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ def schema_fingerprint() -> str:
 
 
 def data_hash(frame_digest: str, pipeline_digest: str, schema_digest: str) -> str:
-    return _json_digest({"window": frame_digest, "pipeline": pipeline_digest, "schema": schema_digest})
+    return _json_digest(
+        {"window": frame_digest, "pipeline": pipeline_digest, "schema": schema_digest}
+    )
 
 
 def environment() -> dict[str, Any]:

@@ -54,7 +54,10 @@ def build_manifest(
         lineage_id=lineage_id,
         metrics=trained.metrics,
         params=params,
-        blobs={"model.onnx": store.put_blob(model_path), "weights.pt": store.put_blob(weights_path)},
+        blobs={
+            "model.onnx": store.put_blob(model_path),
+            "weights.pt": store.put_blob(weights_path),
+        },
         engines=[
             EngineRecord(name=e.name, blob=store.put_blob(e.path), options=e.options)
             for e in outcome.engines
@@ -86,7 +89,9 @@ def log_mlflow_run(settings: Settings, manifest: VersionManifest) -> str:
         return str(found[0].info.run_id)
     tags = {f"lineage.{part}": getattr(manifest.lineage, part) for part in LINEAGE_PARTS}
     tags["lineage_id"] = manifest.lineage_id
-    run = client.create_run(experiment_id, run_name=f"train-{manifest.lineage.model[:8]}", tags=tags)
+    run = client.create_run(
+        experiment_id, run_name=f"train-{manifest.lineage.model[:8]}", tags=tags
+    )
     run_id = str(run.info.run_id)
     for key, value in manifest.params.items():
         client.log_param(run_id, key, value)
@@ -117,7 +122,9 @@ def register_mlflow_version(settings: Settings, manifest: VersionManifest, store
 
 
 def set_mlflow_alias(settings: Settings, alias: str, model_version: str) -> None:
-    _mlflow_client(settings).set_registered_model_alias(settings.mlflow_model_name, alias, model_version)
+    _mlflow_client(settings).set_registered_model_alias(
+        settings.mlflow_model_name, alias, model_version
+    )
 
 
 @task(name="register-candidate", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -138,7 +145,9 @@ def register_candidate(
     manifest.mlflow_run_id = log_mlflow_run(settings, manifest)
     published = store.publish(manifest)  # last: a half-registered version never shows
     mlflow_version = register_mlflow_version(settings, published, settings.resolved_model_store_url)
-    store.set_alias(CANDIDATE, published.version, actor=actor, reason="registered by retrain_and_release")
+    store.set_alias(
+        CANDIDATE, published.version, actor=actor, reason="registered by retrain_and_release"
+    )
     set_mlflow_alias(settings, CANDIDATE, mlflow_version)
     return Registration(
         version=published.version,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
 
 from tasks.compilation import CompileOutcome
 from tasks.lineage import LineageRecord
@@ -52,7 +52,10 @@ def render_markdown(summary: ReleaseSummary, record: LineageRecord) -> str:
     lines += ["", f"**Engines accepted**: {', '.join(summary.engines)}"]
     for name, reason in summary.rejected_engines.items():
         lines.append(f"- rejected `{name}`: {reason}")
-    lines += ["", f"MLflow run `{summary.mlflow_run_id}`, model version {summary.mlflow_model_version}, alias `candidate`."]
+    lines += [
+        "",
+        f"MLflow run `{summary.mlflow_run_id}`, model version {summary.mlflow_model_version}, alias `candidate`.",
+    ]
     return "\n".join(lines)
 
 

@@ -94,7 +94,9 @@ def logloss(labels: np.ndarray, scores: np.ndarray, eps: float = 1e-7) -> float:
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
 
 
-def split_by_time(frame: pd.DataFrame, holdout_fraction: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_by_time(
+    frame: pd.DataFrame, holdout_fraction: float
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train on the earlier part of the window, hold out the latest: how the model is used."""
     ordered = frame.sort_values("ts", kind="stable")
     cut = int(len(ordered) * (1 - holdout_fraction))

@@ -73,7 +73,14 @@ def published_version(tmp_path_factory: pytest.TempPathFactory) -> PublishedVers
     record = compute_lineage_record(model_path, frame, engines, "fixture-window")
     store = ModelStore(LocalBackend(root / "store"))
     manifest = build_manifest(
-        trained, CompileOutcome(engines=engines, parity=[]), record, store, model_path, workdir / "weights.pt"
+        trained,
+        CompileOutcome(engines=engines, parity=[]),
+        record,
+        store,
+        model_path,
+        workdir / "weights.pt",
     )
     store.publish(manifest)
-    return PublishedVersion(store=store, manifest=manifest, workdir=workdir, holdout_x=trained.holdout_x)
+    return PublishedVersion(
+        store=store, manifest=manifest, workdir=workdir, holdout_x=trained.holdout_x
+    )

@@ -51,7 +51,9 @@ def test_good_window_completes_and_registers_a_candidate(release, settings):
     assert manifest.lineage_sources["data"]["rows"] == 40_000
 
 
-def test_registered_engine_downloads_with_verified_hash_and_scores_like_the_manifest(release, settings, tmp_path):
+def test_registered_engine_downloads_with_verified_hash_and_scores_like_the_manifest(
+    release, settings, tmp_path
+):
     import onnxruntime as ort
 
     store = open_store(settings)
@@ -66,13 +68,17 @@ def test_mlflow_has_the_run_with_lineage_tags_and_the_candidate_alias(release, s
     from mlflow import MlflowClient
 
     summary = release.result()
-    client = MlflowClient(tracking_uri=settings.resolved_mlflow_uri, registry_uri=settings.resolved_mlflow_uri)
+    client = MlflowClient(
+        tracking_uri=settings.resolved_mlflow_uri, registry_uri=settings.resolved_mlflow_uri
+    )
     version = client.get_model_version_by_alias(settings.mlflow_model_name, "candidate")
     assert str(version.version) == summary.mlflow_model_version
     run = client.get_run(summary.mlflow_run_id)
     assert run.data.tags["lineage_id"] == summary.lineage_id
     for part in ("model", "data", "env", "build"):  # full hashes; the id shows their prefixes
-        assert run.data.tags[f"lineage.{part}"].startswith(getattr(LineageId.parse(summary.lineage_id), part))
+        assert run.data.tags[f"lineage.{part}"].startswith(
+            getattr(LineageId.parse(summary.lineage_id), part)
+        )
     assert run.data.metrics["holdout_auc"] == pytest.approx(summary.metrics["holdout_auc"])
 
 
@@ -103,12 +109,22 @@ def _nan_prices(frame):
     ("end", "mutate", "expected"),
     [
         (datetime(2019, 1, 1, tzinfo=UTC), None, "0 rows"),
-        (datetime(2025, 1, 1, tzinfo=UTC), _nan_prices, "expect_column_values_to_not_be_null(price): observed 5 unexpected"),
-        (datetime(2025, 2, 1, tzinfo=UTC), lambda f: f.assign(clicked=np.uint8(1)), "expect_column_mean_to_be_between(clicked): observed 1.0"),
+        (
+            datetime(2025, 1, 1, tzinfo=UTC),
+            _nan_prices,
+            "expect_column_values_to_not_be_null(price): observed 5 unexpected",
+        ),
+        (
+            datetime(2025, 2, 1, tzinfo=UTC),
+            lambda f: f.assign(clicked=np.uint8(1)),
+            "expect_column_mean_to_be_between(clicked): observed 1.0",
+        ),
     ],
     ids=["empty-window", "nan-features", "labels-all-one-class"],
 )
-def test_bad_window_stops_before_training_and_registers_nothing(release, settings, end, mutate, expected):
+def test_bad_window_stops_before_training_and_registers_nothing(
+    release, settings, end, mutate, expected
+):
     if mutate is not None:
         _bad_window(settings, end, mutate)
     store = open_store(settings)
@@ -119,7 +135,9 @@ def test_bad_window_stops_before_training_and_registers_nothing(release, setting
     assert store.list_versions() == versions and store.get_alias("candidate") == candidate
 
 
-def test_unreachable_clickhouse_fails_naming_the_server_and_registers_nothing(release, settings, monkeypatch):
+def test_unreachable_clickhouse_fails_naming_the_server_and_registers_nothing(
+    release, settings, monkeypatch
+):
     store = open_store(settings)
     versions = store.list_versions()
     monkeypatch.setenv("RELAY_CLICKHOUSE_DSN", "http://127.0.0.1:9/default")

@@ -20,7 +20,10 @@ def client(settings):
 
 def test_migrations_are_recorded_once_and_reapplying_is_a_no_op(client):
     assert logstore.migrate(client) == []
-    versions = [r[0] for r in client.query("SELECT version FROM schema_migrations ORDER BY version").result_rows]
+    versions = [
+        r[0]
+        for r in client.query("SELECT version FROM schema_migrations ORDER BY version").result_rows
+    ]
     assert versions == [m.version for m in MIGRATIONS]
     tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert {"events", "inference_logs", "user_sessions", "release_events"} <= tables

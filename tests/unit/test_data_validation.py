@@ -11,7 +11,9 @@ LIMITS = DataLimits(min_rows=1_000)
 
 @pytest.fixture(scope="module")
 def good():
-    return generate_events(ShopConfig(seed=2, n_users=1_000, n_items=500), 3_000, datetime(2026, 3, 1, tzinfo=UTC))
+    return generate_events(
+        ShopConfig(seed=2, n_users=1_000, n_items=500), 3_000, datetime(2026, 3, 1, tzinfo=UTC)
+    )
 
 
 def failed(report) -> dict[str, str]:

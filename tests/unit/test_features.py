@@ -2,7 +2,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from relay.features import CATEGORICAL, FEATURE_NAMES, N_CATEGORICAL, N_FEATURES, bucket_ids, to_model_input
+from relay.features import (
+    CATEGORICAL,
+    FEATURE_NAMES,
+    N_CATEGORICAL,
+    N_FEATURES,
+    bucket_ids,
+    to_model_input,
+)
 from simulation.shop import ShopConfig, generate_events
 
 
@@ -10,7 +17,9 @@ from simulation.shop import ShopConfig, generate_events
 def events() -> pd.DataFrame:
     from datetime import UTC, datetime
 
-    return generate_events(ShopConfig(seed=3, n_users=500, n_items=300), 2_000, datetime(2026, 1, 8, tzinfo=UTC))
+    return generate_events(
+        ShopConfig(seed=3, n_users=500, n_items=300), 2_000, datetime(2026, 1, 8, tzinfo=UTC)
+    )
 
 
 def test_model_input_has_27_float32_columns_with_categoricals_in_range(events):

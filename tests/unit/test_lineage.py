@@ -43,7 +43,9 @@ def test_streaming_file_hash_matches_hashlib_for_sizes_around_the_block(tmp_path
 
 
 def test_frame_hash_changes_when_one_value_changes():
-    frame = generate_events(ShopConfig(seed=1, n_users=100, n_items=100), 500, datetime(2026, 1, 8, tzinfo=UTC))
+    frame = generate_events(
+        ShopConfig(seed=1, n_users=100, n_items=100), 500, datetime(2026, 1, 8, tzinfo=UTC)
+    )
     before = hash_frame(frame)
     assert hash_frame(frame.copy()) == before
     frame.loc[10, "price"] += 1.0

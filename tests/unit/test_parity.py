@@ -15,14 +15,20 @@ def holdout():
 
 def test_identical_scores_pass_the_fp32_gate(holdout):
     reference, labels, groups = holdout
-    result = assess_parity("ort-fp32", reference, reference.copy(), labels, groups, TOLERANCES["ort-fp32"])
+    result = assess_parity(
+        "ort-fp32", reference, reference.copy(), labels, groups, TOLERANCES["ort-fp32"]
+    )
     assert result.accepted and result.max_abs_diff == 0 and result.topk_overlap == 1.0
 
 
 def test_tiny_float_noise_passes_fp32_but_1e4_does_not(holdout):
     reference, labels, groups = holdout
-    ok = assess_parity("ort-fp32", reference, reference + 1e-7, labels, groups, TOLERANCES["ort-fp32"])
-    bad = assess_parity("ort-fp32", reference, reference + 1e-4, labels, groups, TOLERANCES["ort-fp32"])
+    ok = assess_parity(
+        "ort-fp32", reference, reference + 1e-7, labels, groups, TOLERANCES["ort-fp32"]
+    )
+    bad = assess_parity(
+        "ort-fp32", reference, reference + 1e-4, labels, groups, TOLERANCES["ort-fp32"]
+    )
     assert ok.accepted
     assert not bad.accepted and "max |Δscore|" in bad.reason
 

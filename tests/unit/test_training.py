@@ -10,7 +10,9 @@ from tasks.training import TrainConfig, auc, logloss, train_model
 
 @pytest.fixture(scope="module")
 def frame():
-    return generate_events(ShopConfig(seed=5, n_users=2_000, n_items=800), 20_000, datetime(2026, 2, 1, tzinfo=UTC))
+    return generate_events(
+        ShopConfig(seed=5, n_users=2_000, n_items=800), 20_000, datetime(2026, 2, 1, tzinfo=UTC)
+    )
 
 
 def test_auc_matches_the_pairwise_definition_including_ties():
@@ -35,7 +37,9 @@ def test_training_learns_real_signal_and_is_deterministic_under_a_seed(frame):
     second = train_model(frame, config)
     assert first.metrics["holdout_auc"] > 0.62  # the shop's ground truth has real signal
     assert first.metrics["holdout_logloss"] < 0.25
-    for (name, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+    for (name, a), (_, b) in zip(
+        first.model.state_dict().items(), second.model.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     assert np.array_equal(first.reference_scores, second.reference_scores)
 
