@@ -17,6 +17,11 @@ _WINDOW_SQL = (
     "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
     "ORDER BY ts, user_id"
 )
+_SAMPLE_SQL = (
+    f"SELECT {', '.join(EVENT_COLUMNS)} FROM events "
+    "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
+    "ORDER BY cityHash64(session_id, user_id, item_id, ts) LIMIT {rows:UInt32}"
+)
 _COUNT_SQL = (
     "SELECT count() FROM events "
     "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}"
@@ -29,6 +34,11 @@ def read_window(client: Client, start: datetime, end: datetime) -> pd.DataFrame:
     if frame.empty:  # an empty result carries no columns; give callers the real shape
         return pd.DataFrame({name: pd.Series(dtype="float64") for name in EVENT_COLUMNS})
     return frame
+
+
+def sample_window(client: Client, start: datetime, end: datetime, rows: int) -> pd.DataFrame:
+    """Up to `rows` events of [start, end), a deterministic sample ordered by a content hash."""
+    return client.query_df(_SAMPLE_SQL, parameters={"start": start, "end": end, "rows": rows})
 
 
 def count_window(client: Client, start: datetime, end: datetime) -> int:
