@@ -7,6 +7,8 @@ their own store directories.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -14,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from relay.settings import Settings, get_settings
+# Before anything imports Prefect: no telemetry (there is no internet) and a private Prefect home,
+# so test servers never share ~/.prefect's database with a developer's own server.
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="relay-test-prefect-")
+os.environ.pop("PREFECT_API_URL", None)  # flow tests use the harness, never a developer's server
+
+from relay.settings import Settings, get_settings  # noqa: E402
 
 
 @pytest.fixture(scope="session")
