@@ -6,6 +6,8 @@ hashlib releases the GIL on large updates, so threads hash independent files on 
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,3 +33,35 @@ def sha256_files(paths: Iterable[Path], workers: int = 4) -> dict[Path, tuple[st
     paths = list(paths)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(paths)))) as pool:
         return dict(zip(paths, pool.map(sha256_file, paths), strict=True))
+
+
+class BackgroundDigest:
+    """sha256 of a stream computed in a second thread, so hashing overlaps the network read.
+
+    hashlib releases the GIL on large updates; the bounded queue keeps memory to `depth` chunks.
+    Always call hexdigest() or close() so the thread ends.
+    """
+
+    def __init__(self, depth: int = 4) -> None:
+        self._digest = hashlib.sha256()
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            self._digest.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self._queue.put(chunk)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self._digest.hexdigest()

@@ -6,9 +6,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
-from model_store.backend import Backend
+from model_store.backend import Backend, ObjectInfo
+
+_TEMP_PREFIX = ".tmp-"
 
 
 class LocalBackend(Backend):
@@ -19,6 +22,9 @@ class LocalBackend(Backend):
     def describe(self) -> str:
         return f"file://{self.root}"
 
+    def locate(self, key: str) -> str:
+        return f"file://{self._path(key)}"
+
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
         if self.root not in path.parents:
@@ -27,7 +33,7 @@ class LocalBackend(Backend):
 
     def _temp_beside(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".tmp-", dir=final.parent)
+        fd, name = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=final.parent)
         os.close(fd)
         return Path(name)
 
@@ -78,21 +84,43 @@ class LocalBackend(Backend):
         except FileNotFoundError as exc:
             raise KeyError(key) from exc
 
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(
+            key=key, size=st.st_size, modified=datetime.fromtimestamp(st.st_mtime, UTC)
+        )
 
-    def list_keys(self, prefix: str) -> list[str]:
+    def list_objects(self, prefix: str) -> list[ObjectInfo]:
         base = self._path(prefix) if prefix else self.root
         search = base if base.is_dir() else base.parent
         if not search.exists():
             return []
-        keys = []
+        found = []
         for path in search.rglob("*"):
-            if path.is_file() and not path.name.startswith(".tmp-"):
-                key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    keys.append(key)
-        return sorted(keys)
+            if path.name.startswith(_TEMP_PREFIX) or not path.is_file():
+                continue
+            key = path.relative_to(self.root).as_posix()
+            if key.startswith(prefix) and (info := self.stat(key)) is not None:
+                found.append(info)
+        return sorted(found, key=lambda info: info.key)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def clean_incomplete_uploads(self, older_than: datetime, *, dry_run: bool = False) -> list[str]:
+        # A writer that died between mkstemp and rename leaves a temp file; a live one keeps
+        # touching its file, so only old ones are abandoned.
+        removed = []
+        for path in sorted(self.root.rglob(f"{_TEMP_PREFIX}*")):
+            try:
+                modified = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            except FileNotFoundError:
+                continue  # finished (renamed) while we looked
+            if modified < older_than:
+                removed.append(path.relative_to(self.root).as_posix())
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+        return removed

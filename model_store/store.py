@@ -2,20 +2,22 @@
 
 Layout (the same on every backend):
     blobs/sha256/<aa>/<digest>             write-once bytes, named by their sha256
+    leases/sha256/<digest>                 "a writer is about to reference this blob" (for gc)
     versions/<version>/manifest.json       written last, create-if-absent
     aliases/<alias>/<seq:08d>.json         one immutable object per move: the history
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from model_store.backend import Backend
-from model_store.hashing import sha256_file
+from model_store.backend import Backend, ObjectInfo
+from model_store.hashing import BackgroundDigest, sha256_file
 from relay.errors import BlobMissing, IntegrityError, StoreError, VersionExists, VersionNotFound
 from relay.types import AliasEvent, BlobRef, VersionManifest
 
@@ -27,8 +29,68 @@ def blob_key(sha256: str) -> str:
     return f"blobs/sha256/{sha256[:2]}/{sha256}"
 
 
+def lease_key(sha256: str) -> str:
+    return f"leases/sha256/{sha256}"
+
+
 def manifest_key(version: str) -> str:
     return f"versions/{version}/manifest.json"
+
+
+def _digest_of(key: str) -> str:
+    return key.rsplit("/", 1)[1]
+
+
+def version_at(history: Iterable[AliasEvent], when: datetime) -> str | None:
+    """The version an alias pointed at, at a given time, from its history (oldest first)."""
+    current = None
+    for event in history:
+        if event.at > when:
+            break
+        current = event.version
+    return current
+
+
+@dataclass(frozen=True)
+class GcPlan:
+    """What gc may delete: blobs no manifest references, written and leased before the cutoff."""
+
+    delete: list[ObjectInfo]
+    spared_recent: list[ObjectInfo]  # unreferenced, but a writer may be about to publish them
+    referenced: int
+
+
+def plan_gc(
+    blobs: Iterable[ObjectInfo],
+    referenced: set[str],
+    leased_at: dict[str, datetime],
+    cutoff: datetime,
+) -> GcPlan:
+    """Split stored blobs into deletable orphans and orphans too recent to touch."""
+    delete, spared, kept = [], [], 0
+    for blob in blobs:
+        digest = _digest_of(blob.key)
+        if digest in referenced:
+            kept += 1
+        elif blob.modified >= cutoff or leased_at.get(digest, blob.modified) >= cutoff:
+            spared.append(blob)
+        else:
+            delete.append(blob)
+    return GcPlan(delete=delete, spared_recent=spared, referenced=kept)
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What a gc run removed (or, with dry_run, would remove) and what it left alone."""
+
+    dry_run: bool
+    cutoff: datetime
+    deleted: list[str] = field(default_factory=list)  # blob digests
+    freed_bytes: int = 0
+    spared_recent: list[str] = field(default_factory=list)
+    referenced: int = 0
+    leases_removed: int = 0
+    incomplete_uploads: list[str] = field(default_factory=list)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -44,19 +106,39 @@ class ModelStore:
 
     # -- blobs ---------------------------------------------------------------------------------
     def put_blob(self, path: Path) -> BlobRef:
-        """Store a file under its sha256 (deduplicated) and return its reference."""
+        """Store a file under its sha256 (deduplicated) and return its reference.
+
+        The upload is confirmed (present, right size) before returning, and a lease tells a
+        concurrent gc that this blob is about to be referenced even when it was already stored.
+        """
         digest, size = sha256_file(path)
         key = blob_key(digest)
-        if not self.backend.exists(key):
+        stored = self.backend.stat(key)
+        if stored is None or stored.size != size:  # a short object here is damage, not a copy
             self.backend.put_file(key, path)
+            self._confirm_blob(BlobRef(sha256=digest, size=size), f"uploading {path.name}")
+        self.backend.put_bytes(lease_key(digest), datetime.now(UTC).isoformat().encode())
         return BlobRef(sha256=digest, size=size)
+
+    def _confirm_blob(self, ref: BlobRef, doing: str) -> None:
+        key = blob_key(ref.sha256)
+        stored = self.backend.stat(key)
+        if stored is None:
+            raise BlobMissing(
+                f"{doing}: blob {self.backend.locate(key)} is not stored (expected sha256 {ref.sha256})"
+            )
+        if stored.size != ref.size:
+            raise IntegrityError(
+                f"{doing}: blob {self.backend.locate(key)} holds {stored.size} bytes, "
+                f"expected {ref.size} (sha256 {ref.sha256})"
+            )
 
     def fetch_blob(self, ref: BlobRef, dest: Path) -> Path:
         """Download a blob to dest, verifying its hash while streaming; dest appears only if valid."""
         key = blob_key(ref.sha256)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
-        digest = hashlib.sha256()
+        digest = BackgroundDigest()
         try:
             with os.fdopen(fd, "wb") as out:
                 try:
@@ -65,44 +147,49 @@ class ModelStore:
                         out.write(chunk)
                 except KeyError as exc:
                     raise BlobMissing(
-                        f"blob {key} is missing from {self.backend.describe()} "
-                        f"(expected sha256 {ref.sha256})"
+                        f"blob {self.backend.locate(key)} is missing (expected sha256 {ref.sha256})"
                     ) from exc
             actual = digest.hexdigest()
             if actual != ref.sha256:
                 raise IntegrityError(
-                    f"blob {key} in {self.backend.describe()} is corrupted: "
+                    f"blob {self.backend.locate(key)} is corrupted: "
                     f"expected sha256 {ref.sha256}, got {actual}"
                 )
             os.replace(tmp_name, dest)
             return dest
         finally:
+            digest.close()
             Path(tmp_name).unlink(missing_ok=True)
 
     # -- versions ------------------------------------------------------------------------------
     def publish(self, manifest: VersionManifest) -> VersionManifest:
         """Write a version's manifest, last and once. Identical lineage re-publishes idempotently.
 
-        Raises BlobMissing if a listed blob is not stored and VersionExists if the version holds
-        different content.
+        Every listed blob is confirmed (present, right size) first. Raises BlobMissing or
+        IntegrityError if one is not, and VersionExists if the version holds different content.
         """
         _check_name("version", manifest.version)
-        refs = list(manifest.blobs.values()) + [e.blob for e in manifest.engines]
+        refs = _blob_refs(manifest)
         for ref in refs:
-            if not self.backend.exists(blob_key(ref.sha256)):
-                raise BlobMissing(
-                    f"cannot publish {manifest.version}: blob {blob_key(ref.sha256)} is not stored"
-                )
+            self._confirm_blob(ref, f"cannot publish {manifest.version}")
         data = manifest.model_dump_json(indent=2).encode()
-        if self.backend.put_bytes(manifest_key(manifest.version), data, exclusive=True):
-            return manifest
-        existing = self.get_manifest(manifest.version)
-        if existing.lineage_id != manifest.lineage_id:
-            raise VersionExists(
-                f"version {manifest.version} already exists with lineage {existing.lineage_id}, "
-                f"refusing to overwrite it with {manifest.lineage_id}"
+        if not self.backend.put_bytes(manifest_key(manifest.version), data, exclusive=True):
+            existing = self.get_manifest(manifest.version)
+            if existing.lineage_id != manifest.lineage_id:
+                raise VersionExists(
+                    f"version {manifest.version} already exists with lineage "
+                    f"{existing.lineage_id}, refusing to overwrite it with {manifest.lineage_id}"
+                )
+            return existing
+        # gc spares recently leased blobs, so this only fails when a publish took longer than
+        # gc's grace period; say so rather than leave a version that cannot be fetched unnoticed.
+        for ref in refs:
+            self._confirm_blob(
+                ref,
+                f"version {manifest.version} was published but a blob vanished meanwhile "
+                "(a gc with too short a grace period?); re-running the registration re-uploads it",
             )
-        return existing
+        return manifest
 
     def get_manifest(self, version: str) -> VersionManifest:
         """The manifest of a version. Raises VersionNotFound."""
@@ -110,9 +197,7 @@ class ModelStore:
         try:
             raw = self.backend.get_bytes(manifest_key(version))
         except KeyError as exc:
-            raise VersionNotFound(
-                f"no version {version!r} in {self.backend.describe()}"
-            ) from exc
+            raise VersionNotFound(f"no version {version!r} in {self.backend.describe()}") from exc
         return VersionManifest.model_validate_json(raw)
 
     def list_versions(self) -> list[str]:
@@ -150,9 +235,7 @@ class ModelStore:
         history = self.alias_history(alias)
         return history[-1].version if history else None
 
-    def set_alias(
-        self, alias: str, version: str | None, *, actor: str, reason: str
-    ) -> AliasEvent:
+    def set_alias(self, alias: str, version: str | None, *, actor: str, reason: str) -> AliasEvent:
         """Move an alias (None clears it), appending who and why to its history."""
         _check_name("alias", alias)
         if version is not None:
@@ -180,9 +263,73 @@ class ModelStore:
 
     def alias_at(self, alias: str, when: datetime) -> str | None:
         """The version an alias pointed at, at a given time."""
-        current = None
-        for event in self.alias_history(alias):
-            if event.at > when:
-                break
-            current = event.version
+        return version_at(self.alias_history(alias), when)
+
+    def current_aliases(self) -> dict[str, str]:
+        """Every alias that points at a version now, with that version."""
+        latest: dict[str, str] = {}
+        for key in self.backend.list_keys("aliases/"):
+            if key.endswith(".json"):
+                latest[key.split("/")[1]] = key  # keys sort by sequence: the last one wins
+        current = {}
+        for alias, key in sorted(latest.items()):
+            version = AliasEvent.model_validate_json(self.backend.get_bytes(key)).version
+            if version is not None:
+                current[alias] = version
         return current
+
+    # -- garbage collection ----------------------------------------------------------------------
+    def gc(
+        self,
+        *,
+        min_age: timedelta = timedelta(hours=1),
+        dry_run: bool = False,
+        now: datetime | None = None,
+    ) -> GcReport:
+        """Delete blobs no manifest references, older (and leased longer ago) than min_age.
+
+        Also aborts partial uploads older than min_age and drops expired leases. Never deletes a
+        blob a readable manifest references, and refuses to run if any manifest is unreadable.
+        """
+        cutoff = (now or datetime.now(UTC)) - min_age
+        # Blobs are listed before manifests, so a blob stored after this listing is never a
+        # candidate, and any manifest published before the listing below is honoured.
+        blobs = self.backend.list_objects("blobs/sha256/")
+        referenced = self._referenced_digests()
+        leases = self.backend.list_objects("leases/sha256/")
+        plan = plan_gc(
+            blobs, referenced, {_digest_of(lease.key): lease.modified for lease in leases}, cutoff
+        )
+        stale_leases = [lease for lease in leases if lease.modified < cutoff]
+        if not dry_run:
+            for blob in plan.delete:
+                self.backend.delete(blob.key)
+            for lease in stale_leases:
+                self.backend.delete(lease.key)
+        return GcReport(
+            dry_run=dry_run,
+            cutoff=cutoff,
+            deleted=[_digest_of(blob.key) for blob in plan.delete],
+            freed_bytes=sum(blob.size for blob in plan.delete),
+            spared_recent=[_digest_of(blob.key) for blob in plan.spared_recent],
+            referenced=plan.referenced,
+            leases_removed=len(stale_leases),
+            incomplete_uploads=self.backend.clean_incomplete_uploads(cutoff, dry_run=dry_run),
+        )
+
+    def _referenced_digests(self) -> set[str]:
+        referenced: set[str] = set()
+        for version in self.list_versions():
+            try:
+                manifest = self.get_manifest(version)
+            except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+                raise StoreError(
+                    f"gc refused: the manifest of {version} in {self.backend.describe()} is "
+                    f"unreadable, so the blobs it references are unknown ({exc})"
+                ) from exc
+            referenced.update(ref.sha256 for ref in _blob_refs(manifest))
+        return referenced
+
+
+def _blob_refs(manifest: VersionManifest) -> list[BlobRef]:
+    return list(manifest.blobs.values()) + [engine.blob for engine in manifest.engines]

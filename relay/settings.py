@@ -35,6 +35,24 @@ class Settings(BaseSettings):
     s3_access_key: SecretStr = Field(default=SecretStr(""), description="S3 access key.")
     s3_secret_key: SecretStr = Field(default=SecretStr(""), description="S3 secret key.")
     s3_secure: bool = Field(default=False, description="Use TLS to reach S3.")
+    s3_region: str = Field(
+        default="", description="S3 region; empty = ask the server (MinIO answers us-east-1)."
+    )
+    s3_ca_file: str = Field(
+        default="", description="PEM bundle that signs MinIO's TLS certificate; empty = certifi."
+    )
+    s3_part_size_mb: int = Field(
+        default=16, ge=5, le=5120, description="Multipart part size for blob uploads, MiB."
+    )
+    s3_retries: int = Field(
+        default=5, ge=0, description="Retries per S3 request (and per interrupted download)."
+    )
+    s3_retry_backoff_s: float = Field(
+        default=0.5, ge=0, description="Backoff factor: waits grow 1x, 2x, 4x ... this many seconds."
+    )
+    s3_timeout_s: float = Field(
+        default=60.0, gt=0, description="Connect and read timeout per S3 request, seconds."
+    )
     prefect_ui_url: str = Field(
         default="http://127.0.0.1:4200", description="Where people open the Prefect UI."
     )
