@@ -57,6 +57,59 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:4200", description="Where people open the Prefect UI."
     )
 
+    # serving: the worker process (`python -m serving`) and the fleet client that drives it
+    serving_host: str = Field(default="127.0.0.1", description="Interface the worker binds.")
+    serving_port: int = Field(default=8700, ge=0, description="HTTP port; 0 = pick a free one.")
+    serving_binary_port: int = Field(
+        default=8701, ge=0, description="Framed binary TCP port; 0 = pick a free one."
+    )
+    serving_admin_token: SecretStr = Field(
+        default=SecretStr(""),
+        description="Bearer token for /admin; empty = admin API disabled (503).",
+    )
+    serving_stable_ref: str = Field(
+        default="", description="Version or alias loaded into `stable` at start; empty = none."
+    )
+    serving_max_batch_rows: int = Field(
+        default=1024, ge=1, description="Most candidate rows in one engine call."
+    )
+    serving_max_batch_delay_ms: float = Field(
+        default=2.0, ge=0.0, description="Longest a request waits for others to join its batch."
+    )
+    serving_max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="Largest predict body (JSON or binary payload)."
+    )
+    serving_max_candidates: int = Field(
+        default=1000, ge=1, description="Most candidates in one predict request."
+    )
+    serving_engine_threads: int = Field(
+        default=1, ge=1, description="ONNX Runtime intra-op threads per loaded engine."
+    )
+    serving_cache_dir: str = Field(
+        default="", description="Verified engine files; empty = <home>/serving/cache."
+    )
+    serving_spool_dir: str = Field(
+        default="", description="Inference-log spool segments; empty = <home>/spool."
+    )
+    serving_spool_max_bytes: int = Field(
+        default=1 << 30, ge=1, description="Spool size above which the worker reports not-ready."
+    )
+    serving_log_flush_ms: int = Field(
+        default=500, ge=10, description="How often buffered log rows are written out."
+    )
+    serving_log_batch_rows: int = Field(
+        default=20_000, ge=1, description="Most log rows per insert or spool segment."
+    )
+    serving_request_log: bool = Field(
+        default=True, description="Write one inference_logs row per request (off only to benchmark)."
+    )
+    serving_binary_idle_s: float = Field(
+        default=60.0, gt=0.0, description="Binary connections silent this long are closed."
+    )
+    serving_fleet_urls: str = Field(
+        default="", description="Comma-separated base URLs of the workers the fleet client drives."
+    )
+
     @field_validator("clickhouse_dsn")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
@@ -77,6 +130,15 @@ class Settings(BaseSettings):
     @property
     def resolved_mlflow_uri(self) -> str:
         return self.mlflow_tracking_uri or f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    # serving
+    @property
+    def resolved_serving_cache_dir(self) -> Path:
+        return Path(self.serving_cache_dir or self.home / "serving" / "cache").resolve()
+
+    @property
+    def resolved_spool_dir(self) -> Path:
+        return Path(self.serving_spool_dir or self.home / "spool").resolve()
 
 
 @lru_cache(maxsize=1)

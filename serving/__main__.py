@@ -1,0 +1,169 @@
+"""`python -m serving` (console script `relay-serve`): one serving worker, until SIGTERM/SIGINT.
+
+Prints one line once both listeners accept connections:
+    serving: listening on http://HOST:PORT binary tcp://HOST:PORT worker WORKER_ID
+With port 0 the printed ports are the ones the OS picked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+import uvloop
+from prometheus_client import disable_created_metrics
+
+import logstore
+from logstore.spool import RequestLogWriter, SpoolWriter
+from model_store import open_store
+from relay.errors import RelayError
+from relay.settings import Settings, get_settings
+from serving.binary import BinaryServer
+from serving.http import build_app
+from serving.metrics import ServingMetrics
+from serving.routing import STABLE
+from serving.schema import RequestRejected
+from serving.worker import Worker
+
+log = logging.getLogger("serving")
+
+
+def build_log_writer(settings: Settings) -> RequestLogWriter | None:
+    """Where request rows go: a ClickHouse server directly (spool as fallback), else the spool."""
+    if not settings.serving_request_log:
+        return None
+    dsn = settings.resolved_clickhouse_dsn
+    # chdb allows one process per path and the log store's owner holds it: never open it here.
+    connect = None if dsn.startswith("chdb://") else (lambda: logstore.connect(dsn))
+    spool = SpoolWriter(
+        settings.resolved_spool_dir,
+        settings.serving_spool_max_bytes,
+        prefix=f"{socket.gethostname()}-{secrets.token_hex(4)}",
+    )
+    return RequestLogWriter(
+        spool,
+        connect_server=connect,
+        flush_s=settings.serving_log_flush_ms / 1000,
+        batch_rows=settings.serving_log_batch_rows,
+    )
+
+
+class Shutdown:
+    """SIGTERM/SIGINT outside uvicorn's own handling: before it starts and after it returns.
+
+    uvicorn re-raises the signal that stopped it once it has shut down; with this handler in
+    place that re-raise is harmless, and the drain and log flush after it still run.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.server: uvicorn.Server | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requested = True
+        if self.server is not None:
+            self.server.should_exit = True
+
+
+async def serve(settings: Settings, shutdown: Shutdown) -> None:
+    """Run the worker until told to exit, then drain and write every log row."""
+    writer = build_log_writer(settings)
+    worker = Worker(settings, open_store(settings), ServingMetrics(), writer)
+    if writer is not None:
+        writer.start()
+    binary = BinaryServer(worker, settings.serving_binary_idle_s)
+    binary_port = await binary.start(settings.serving_host, settings.serving_binary_port)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.serving_host, settings.serving_port))
+    sock.listen(2048)
+    http_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(worker),
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=10,
+    )
+    server = uvicorn.Server(config)
+    shutdown.server = server
+    server.should_exit = shutdown.requested
+    http_task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if http_task.done():
+            await http_task  # re-raises why uvicorn could not start
+            return
+        await asyncio.sleep(0.01)
+    print(
+        f"serving: listening on http://{settings.serving_host}:{http_port} "
+        f"binary tcp://{settings.serving_host}:{binary_port} worker {worker.worker_id}",
+        flush=True,
+    )
+    if settings.serving_stable_ref:
+        asyncio.get_running_loop().create_task(_load_initial(worker, settings.serving_stable_ref))
+    try:
+        await http_task
+    finally:
+        await binary.close()
+        await worker.close()
+        log.info("worker %s stopped; request log flushed", worker.worker_id)
+
+
+async def _load_initial(worker: Worker, ref: str) -> None:
+    try:
+        await worker.load(STABLE, ref)
+    except RequestRejected as exc:
+        log.error("could not load %r into stable at start: %s", ref, exc)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="relay-serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", help="interface to bind (RELAY_SERVING_HOST)")
+    parser.add_argument("--port", type=int, help="HTTP port, 0 = any free (RELAY_SERVING_PORT)")
+    parser.add_argument(
+        "--binary-port", type=int, help="binary port, 0 = any free (RELAY_SERVING_BINARY_PORT)"
+    )
+    parser.add_argument("--stable", help="version or alias for stable (RELAY_SERVING_STABLE_REF)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    overrides = {
+        "serving_host": args.host,
+        "serving_port": args.port,
+        "serving_binary_port": args.binary_port,
+        "serving_stable_ref": args.stable,
+    }
+    settings = get_settings().model_copy(
+        update={k: v for k, v in overrides.items() if v is not None}
+    )
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    disable_created_metrics()  # *_created series double a scrape and nothing here reads them
+    shutdown = Shutdown()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, shutdown)
+    try:
+        uvloop.run(serve(settings, shutdown))
+    except (RelayError, OSError) as exc:
+        log.error("serving worker failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Fleet control: admin operations across every serving worker, two-phase where traffic moves.
+
+A canary deploy first loads and warms the version on every worker (weight untouched), then
+verifies every worker is ready with the same canary version, and only then switches weights.
+If a load or the check fails anywhere, the canary is unloaded everywhere and no weight moved.
+Each call returns a FleetResult: the phase reached, why it stopped, and every worker's answer.
+
+    fleet = FleetClient.from_settings(get_settings())       # or FleetClient(urls, token)
+    fleet.deploy_canary("v42", weight=5)                     # load+warm all, verify, weight 5
+    fleet.set_weight(25); fleet.promote(); fleet.rollback(); fleet.state()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from relay.errors import ConfigError
+from relay.settings import Settings
+from serving.routing import CANARY, STABLE, check_slot
+
+LOAD_TIMEOUT_S = 300.0  # a load downloads, verifies and warms an engine
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    """One worker's answer to one admin call."""
+
+    url: str
+    ok: bool
+    status: int | None  # HTTP status; None when the worker could not be reached
+    error: str = ""  # the worker's error code, or "unreachable"
+    detail: str = ""
+    state: dict[str, Any] = field(default_factory=dict)  # the worker's state after the call
+
+    @property
+    def canary_version(self) -> str | None:
+        slot = self.state.get("slots", {}).get(CANARY)
+        return slot["version"] if slot else None
+
+    @property
+    def stable_version(self) -> str | None:
+        slot = self.state.get("slots", {}).get(STABLE)
+        return slot["version"] if slot else None
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """An operation across the fleet: whether it completed, where it stopped, and why."""
+
+    operation: str
+    ok: bool
+    phase: str  # the last phase attempted: load, verify, switch (or the one-phase op's name)
+    reason: str
+    workers: list[WorkerResult]
+    undo: list[WorkerResult] = field(default_factory=list)  # calls made to undo a failed phase
+
+    def failed(self) -> list[WorkerResult]:
+        return [w for w in self.workers if not w.ok]
+
+
+class FleetClient:
+    """Drives every worker's admin API; calls to different workers run in parallel."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        token: str,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        if not urls:
+            raise ConfigError("the fleet has no workers: set RELAY_SERVING_FLEET_URLS")
+        if not token:
+            raise ConfigError("no admin token: set RELAY_SERVING_ADMIN_TOKEN")
+        self.urls = [u.rstrip("/") for u in urls]
+        self._clients = {
+            url: httpx.Client(
+                base_url=url,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=timeout_s,
+                transport=transport,
+            )
+            for url in self.urls
+        }
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> FleetClient:
+        urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+        return cls(urls, settings.serving_admin_token.get_secret_value())
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+
+    def __enter__(self) -> FleetClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- operations ----------------------------------------------------------------------------
+    def state(self) -> FleetResult:
+        """Every worker's state."""
+        results = self._each("GET", "/admin/state")
+        return self._one_phase("state", results)
+
+    def load(self, slot: str, version: str) -> FleetResult:
+        """Load `version` into `slot` everywhere, then verify every worker holds it and is ready."""
+        check_slot(slot)
+        loaded = self._each(
+            "POST", "/admin/load", {"slot": slot, "version": version}, LOAD_TIMEOUT_S
+        )
+        if not all(r.ok for r in loaded):
+            return FleetResult("load", False, "load", _why(loaded), loaded)
+        return self._verify("load", slot, loaded)
+
+    def deploy_canary(self, version: str, weight: int) -> FleetResult:
+        """Load+warm `version` as canary everywhere, verify, then set `weight` everywhere.
+
+        If any worker fails to load or verify, the canary is rolled back on every worker and no
+        weight changes.
+        """
+        loaded = self._each(
+            "POST", "/admin/load", {"slot": CANARY, "version": version}, LOAD_TIMEOUT_S
+        )
+        if not all(r.ok for r in loaded):
+            undo = self._each("POST", "/admin/rollback")
+            return FleetResult("deploy_canary", False, "load", _why(loaded), loaded, undo)
+        verified = self._verify("deploy_canary", CANARY, loaded)
+        if not verified.ok:
+            undo = self._each("POST", "/admin/rollback")
+            return FleetResult(
+                "deploy_canary", False, "verify", verified.reason, verified.workers, undo
+            )
+        switched = self._each("POST", "/admin/weight", {"weight": weight})
+        return self._switch_result("deploy_canary", switched)
+
+    def set_weight(self, weight: int) -> FleetResult:
+        """Verify every worker serves the same ready canary, then move every worker's weight."""
+        check = self._verify("set_weight", CANARY, self._each("GET", "/admin/state"))
+        if not check.ok and weight > 0:
+            return check
+        return self._switch_result(
+            "set_weight", self._each("POST", "/admin/weight", {"weight": weight})
+        )
+
+    def promote(self) -> FleetResult:
+        """Verify every worker serves the same ready canary, then make it stable everywhere."""
+        check = self._verify("promote", CANARY, self._each("GET", "/admin/state"))
+        if not check.ok:
+            return check
+        return self._switch_result("promote", self._each("POST", "/admin/promote"))
+
+    def rollback(self) -> FleetResult:
+        """Weight 0 and unload the canary on every worker (each independently: best effort)."""
+        return self._one_phase("rollback", self._each("POST", "/admin/rollback"))
+
+    def set_injected_latency(self, slot: str, ms: float) -> FleetResult:
+        """Add `ms` to every request of `slot` on every worker (to rehearse a slow canary)."""
+        check_slot(slot)
+        return self._one_phase(
+            "set_injected_latency", self._each("POST", "/admin/latency", {"slot": slot, "ms": ms})
+        )
+
+    # -- phases --------------------------------------------------------------------------------
+    def _verify(self, operation: str, slot: str, answers: list[WorkerResult]) -> FleetResult:
+        """Every worker answered, is ready, and holds one and the same version in `slot`."""
+        version_of: Callable[[WorkerResult], str | None] = (
+            (lambda r: r.canary_version) if slot == CANARY else (lambda r: r.stable_version)
+        )
+        problems = []
+        for r in answers:
+            if not r.ok:
+                problems.append(f"{r.url}: {r.error or r.status} {r.detail}".strip())
+            elif not r.state.get("ready"):
+                problems.append(f"{r.url}: not ready ({r.state.get('reason')})")
+            elif version_of(r) is None:
+                problems.append(f"{r.url}: no {slot} model loaded")
+        versions = {version_of(r) for r in answers if r.ok and version_of(r) is not None}
+        if len(versions) > 1:
+            problems.append(f"workers hold different {slot} versions: {sorted(map(str, versions))}")
+        if problems:
+            return FleetResult(operation, False, "verify", "; ".join(problems), answers)
+        return FleetResult(
+            operation, True, "verify", f"{slot} {versions.pop()} ready on all", answers
+        )
+
+    def _switch_result(self, operation: str, results: list[WorkerResult]) -> FleetResult:
+        if all(r.ok for r in results):
+            return FleetResult(operation, True, "switch", "switched on every worker", results)
+        return FleetResult(
+            operation,
+            False,
+            "switch",
+            f"switched on {sum(r.ok for r in results)} of {len(results)} workers: {_why(results)}",
+            results,
+        )
+
+    def _one_phase(self, operation: str, results: list[WorkerResult]) -> FleetResult:
+        ok = all(r.ok for r in results)
+        return FleetResult(
+            operation, ok, operation, "done on every worker" if ok else _why(results), results
+        )
+
+    def _each(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> list[WorkerResult]:
+        """The same call on every worker, in parallel; results in fleet order."""
+        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
+            return list(
+                pool.map(lambda url: self._call(url, method, path, body, timeout_s), self.urls)
+            )
+
+    def _call(
+        self, url: str, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None
+    ) -> WorkerResult:
+        client = self._clients[url]
+        try:
+            response = client.request(
+                method,
+                path,
+                json=body,
+                timeout=timeout_s if timeout_s else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            return WorkerResult(url, False, None, "unreachable", f"{type(exc).__name__}: {exc}")
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"detail": response.text[:200]}
+        if not isinstance(payload, dict):
+            payload = {"detail": str(payload)[:200]}
+        if response.status_code == 200:
+            return WorkerResult(url, True, 200, state=payload)
+        return WorkerResult(
+            url,
+            False,
+            response.status_code,
+            str(payload.get("error", f"http_{response.status_code}")),
+            str(payload.get("detail", "")),
+        )
+
+
+def _why(results: list[WorkerResult]) -> str:
+    return "; ".join(f"{r.url}: {r.error} {r.detail}".strip() for r in results if not r.ok)

@@ -1,0 +1,182 @@
+"""Prometheus metrics of one worker, on a registry of its own (never the process-global one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from serving.batching import BatchTiming
+
+# Fine below the 300 ms SLO, where a canary gate needs resolution.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
+
+
+@dataclass
+class WorkerSnapshot:
+    """State read at scrape time."""
+
+    ready: bool
+    queue_depth: int
+    canary_weight: int
+    injected_latency_ms: dict[str, float]
+    models: list[dict[str, str]]  # slot, version, lineage_id, engine
+    binary_connections: int
+    log_buffered_rows: int
+    log_rows: dict[str, int]  # sink -> rows written
+    spool_segments: int
+    spool_bytes: int
+    spool_cap_bytes: int
+    spool_over_cap: bool
+
+
+class ServingMetrics:
+    """Request, batch and state metrics; hot-path children are cached by label values."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "relay_requests",
+            "Requests answered, by transport, slot, model version, status and error code.",
+            ["transport", "slot", "version", "status", "error_code"],
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "relay_request_latency_seconds",
+            "Time from request read to response ready, by slot and model version.",
+            ["slot", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._batch_requests = Histogram(
+            "relay_batch_requests",
+            "Requests sharing one engine call.",
+            ["version"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=self.registry,
+        )
+        self._batch_rows = Histogram(
+            "relay_batch_rows",
+            "Candidate rows in one engine call.",
+            ["version"],
+            buckets=(1, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000),
+            registry=self.registry,
+        )
+        self._engine_seconds = Histogram(
+            "relay_engine_seconds",
+            "Feature pipeline plus engine time of one batch.",
+            ["version"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._request_children: dict[tuple[str, str, str, int, str], Callable[[], None]] = {}
+        self._latency_children: dict[tuple[str, str], Callable[[float], None]] = {}
+
+    def observe_request(
+        self, transport: str, slot: str, version: str, status: int, error_code: str, seconds: float
+    ) -> None:
+        key = (transport, slot, version, status, error_code)
+        inc = self._request_children.get(key)
+        if inc is None:
+            inc = self._requests.labels(transport, slot, version, str(status), error_code).inc
+            self._request_children[key] = inc
+        inc()
+        if status == 200:
+            observe = self._latency_children.get((slot, version))
+            if observe is None:
+                observe = self._latency.labels(slot, version).observe
+                self._latency_children[(slot, version)] = observe
+            observe(seconds)
+
+    def observe_batch(self, version: str, timing: BatchTiming) -> None:
+        self._batch_requests.labels(version).observe(timing.requests)
+        self._batch_rows.labels(version).observe(timing.rows)
+        self._engine_seconds.labels(version).observe(timing.preprocess_s + timing.compute_s)
+
+    def watch(self, snapshot: Callable[[], WorkerSnapshot]) -> None:
+        """Export the worker's state, read from `snapshot` at every scrape."""
+        self.registry.register(_StateCollector(snapshot))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, snapshot: Callable[[], WorkerSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield GaugeMetricFamily(
+            "relay_ready", "1 when the worker takes traffic.", value=int(s.ready)
+        )
+        yield GaugeMetricFamily(
+            "relay_queue_depth", "Requests waiting for an engine call.", value=s.queue_depth
+        )
+        yield GaugeMetricFamily(
+            "relay_canary_weight", "Percent of users routed to the canary.", value=s.canary_weight
+        )
+        injected = GaugeMetricFamily(
+            "relay_injected_latency_ms", "Latency added to each request, by slot.", labels=["slot"]
+        )
+        for slot, ms in s.injected_latency_ms.items():
+            injected.add_metric([slot], ms)
+        yield injected
+        info = GaugeMetricFamily(
+            "relay_model_info",
+            "The model in each slot (value 1).",
+            labels=["slot", "version", "lineage_id", "engine"],
+        )
+        for m in s.models:
+            info.add_metric([m["slot"], m["version"], m["lineage_id"], m["engine"]], 1)
+        yield info
+        yield GaugeMetricFamily(
+            "relay_binary_connections",
+            "Open binary-protocol connections.",
+            value=s.binary_connections,
+        )
+        yield GaugeMetricFamily(
+            "relay_log_buffered_rows",
+            "Log rows in memory, not yet written.",
+            value=s.log_buffered_rows,
+        )
+        rows = CounterMetricFamily(
+            "relay_log_rows", "Log rows written, by where they went.", labels=["sink"]
+        )
+        for sink, n in s.log_rows.items():
+            rows.add_metric([sink], n)
+        yield rows
+        yield GaugeMetricFamily(
+            "relay_spool_segments", "Spool segments waiting for ingestion.", value=s.spool_segments
+        )
+        yield GaugeMetricFamily(
+            "relay_spool_bytes", "Bytes of spool waiting for ingestion.", value=s.spool_bytes
+        )
+        yield GaugeMetricFamily(
+            "relay_spool_cap_bytes",
+            "Spool size above which the worker is not ready.",
+            value=s.spool_cap_bytes,
+        )
+        yield GaugeMetricFamily(
+            "relay_spool_over_cap",
+            "1 while the spool is over its cap.",
+            value=int(s.spool_over_cap),
+        )

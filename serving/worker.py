@@ -1,0 +1,343 @@
+"""The worker's core, shared by both transports: routing, loading, completion, timing, logging.
+
+Everything here runs on the event loop thread except model loading (a worker thread) and the
+engine calls (each model's batcher thread). Admin operations are serialised by one lock and
+end in a single swap of the routing table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from logstore.spool import RequestLogWriter
+from model_store import ModelStore
+from relay.errors import RelayError, VersionNotFound
+from relay.settings import Settings
+from serving.batching import Batcher, BatchTiming
+from serving.engine import LoadedModel, load_model
+from serving.metrics import ServingMetrics, WorkerSnapshot
+from serving.routing import CANARY, SLOTS, STABLE, RoutingTable, check_slot
+from serving.schema import PredictRequest, RequestRejected
+
+log = logging.getLogger("serving.worker")
+
+ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
+
+
+@dataclass(eq=False)
+class Served:
+    """A loaded model with its batcher: what a routing-table slot holds."""
+
+    model: LoadedModel
+    batcher: Batcher
+
+    @property
+    def version(self) -> str:
+        return self.model.version
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request from arrival to log row; the transports fill and read it."""
+
+    transport: str
+    ts: float  # wall clock at arrival, for the log row
+    t0: float  # perf_counter at arrival
+    request_id: str = ""
+    user_id: int = 0
+    session_id: str = ""
+    input_bytes: int = 0
+    slot: str = ""
+    version: str = ""
+    lineage_id: str = ""
+    t_enqueued: float = 0.0
+    injected_ms: float = 0.0
+    scores: np.ndarray | None = None
+    batch: BatchTiming | None = None
+    status: int = 200
+    error_code: str = ""
+    detail: str = ""
+
+    def reject(self, rejection: RequestRejected) -> None:
+        self.status, self.error_code, self.detail = (
+            rejection.status,
+            rejection.code,
+            rejection.detail,
+        )
+
+    def error_body(self) -> dict[str, Any]:
+        return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
+
+
+class Worker:
+    """Slots, models and request bookkeeping of one serving process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ModelStore,
+        metrics: ServingMetrics,
+        log_writer: RequestLogWriter | None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.log_writer = log_writer
+        self.table: RoutingTable[Served] = RoutingTable()
+        self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
+        self.draining = False
+        self.binary_connections = 0
+        self._ids = itertools.count(1)
+        self._admin_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._started = time.time()
+        metrics.watch(self.snapshot)
+
+    # -- requests ------------------------------------------------------------------------------
+    def exchange(self, transport: str) -> Exchange:
+        return Exchange(transport, time.time(), time.perf_counter())
+
+    def next_request_id(self) -> str:
+        return f"{self.worker_id}-{next(self._ids):x}"
+
+    def submit(
+        self, ex: Exchange, request: PredictRequest, done: Callable[[Exchange], None]
+    ) -> None:
+        """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
+        ex.request_id = request.request_id or self.next_request_id()
+        ex.user_id, ex.session_id, ex.input_bytes = (
+            request.user_id,
+            request.session_id,
+            request.input_bytes,
+        )
+        table = self.table  # one read: this request sees one table, whatever changes meanwhile
+        route = table.route(request.user_id)
+        if route is None or self.draining:
+            ex.reject(RequestRejected("not_ready", "no stable model is loaded yet", 503))
+            done(ex)
+            return
+        slot, served = route
+        ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
+        ex.injected_ms = table.injected_ms(slot)
+        ex.t_enqueued = time.perf_counter()
+        served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e))
+
+    def _scored(
+        self,
+        ex: Exchange,
+        done: Callable[[Exchange], None],
+        scores: np.ndarray | None,
+        batch: BatchTiming | None,
+        error: RequestRejected | None,
+    ) -> None:
+        if error is not None:
+            ex.reject(error)
+        elif scores is None or not np.isfinite(scores).all():
+            ex.reject(
+                RequestRejected("non_finite_score", f"model {ex.version} produced NaN/inf", 500)
+            )
+            ex.batch = batch
+        else:
+            ex.scores, ex.batch = scores, batch
+        if ex.injected_ms > 0:
+            asyncio.get_running_loop().call_later(ex.injected_ms / 1000, done, ex)
+        else:
+            done(ex)
+
+    def record(self, ex: Exchange) -> None:
+        """Close the exchange: metrics and its inference_logs row, with the time split."""
+        now = time.perf_counter()
+        latency = now - ex.t0
+        batch = ex.batch
+        if batch is not None:
+            queue = max(batch.started - ex.t_enqueued, 0.0)
+            preprocess = (ex.t_enqueued - ex.t0) + batch.preprocess_s
+            compute = batch.compute_s + ex.injected_ms / 1000
+            batch_size = batch.requests
+        else:
+            queue = compute = 0.0
+            preprocess = (ex.t_enqueued or now) - ex.t0
+            batch_size = 0
+        postprocess = max(latency - queue - preprocess - compute, 0.0)
+        self.metrics.observe_request(
+            ex.transport, ex.slot, ex.version, ex.status, ex.error_code, latency
+        )
+        if self.log_writer is not None:
+            self.log_writer.append(
+                (
+                    ex.ts,
+                    ex.request_id or self.next_request_id(),
+                    ex.user_id,
+                    ex.session_id,
+                    ex.slot,
+                    ex.version,
+                    ex.lineage_id,
+                    latency * 1000,
+                    queue * 1000,
+                    preprocess * 1000,
+                    compute * 1000,
+                    postprocess * 1000,
+                    batch_size,
+                    ex.input_bytes,
+                    ex.status,
+                    ex.error_code,
+                )
+            )
+
+    # -- admin ---------------------------------------------------------------------------------
+    async def load(self, slot: str, ref: str) -> dict[str, Any]:
+        """Load and warm `ref` (version or alias) into `slot`, then switch to it in one swap."""
+        check_slot(slot)
+        if not isinstance(ref, str) or not ref:
+            raise RequestRejected("missing_field", "'version' must name a version or alias")
+        async with self._admin_lock:
+            try:
+                manifest = await asyncio.to_thread(self.store.resolve, ref)
+            except (VersionNotFound, ValueError) as exc:
+                raise RequestRejected("unknown_version", str(exc), 404) from None
+            current = self.table.model(slot)
+            if current is not None and current.version == manifest.version:
+                return {"changed": False, **self.state()}  # idempotent: a retried load is safe
+            s = self.settings
+            try:
+                model = await asyncio.to_thread(
+                    load_model,
+                    self.store,
+                    manifest,
+                    ref,
+                    s.resolved_serving_cache_dir,
+                    threads=s.serving_engine_threads,
+                    max_batch_rows=s.serving_max_batch_rows,
+                )
+            except RelayError as exc:
+                raise RequestRejected("load_failed", f"could not load {ref}: {exc}", 422) from None
+            version = model.version
+            batcher = Batcher(
+                model,
+                max_rows=s.serving_max_batch_rows,
+                max_delay_s=s.serving_max_batch_delay_ms / 1000,
+                on_batch=lambda t: self.metrics.observe_batch(version, t),
+            )
+            self._swap(self.table.with_loaded(slot, Served(model, batcher)))
+            log.info(
+                "loaded %s (lineage %s, engine %s, warm-up %.1f ms) into %s",
+                version,
+                model.lineage_id,
+                model.engine.name,
+                model.warmup_ms,
+                slot,
+            )
+            return {"changed": True, **self.state()}
+
+    async def set_weight(self, weight: int) -> dict[str, Any]:
+        async with self._admin_lock:
+            self._swap(self.table.with_weight(weight))
+            log.info("canary weight set to %d", weight)
+            return self.state()
+
+    async def promote(self) -> dict[str, Any]:
+        async with self._admin_lock:
+            self._swap(self.table.promoted())
+            log.info("promoted %s to stable", self.table.stable and self.table.stable.version)
+            return self.state()
+
+    async def rollback(self) -> dict[str, Any]:
+        async with self._admin_lock:
+            canary = self.table.canary
+            self._swap(self.table.rolled_back())
+            log.info("rolled back canary %s", canary.version if canary else "(none)")
+            return self.state()
+
+    async def set_latency(self, slot: str, ms: float) -> dict[str, Any]:
+        async with self._admin_lock:
+            self._swap(self.table.with_latency(slot, ms))
+            log.info("injected latency for %s set to %s ms", slot, ms)
+            return self.state()
+
+    def _swap(self, table: RoutingTable[Served]) -> None:
+        leaving = self.table.models() - table.models()
+        self.table = table
+        for served in leaving:  # drain what they already queued, then free their engines
+            task = asyncio.get_running_loop().create_task(served.batcher.close())
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    # -- state ---------------------------------------------------------------------------------
+    def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down"
+        if self.table.stable is None:
+            return False, "no stable model is loaded"
+        if self.log_writer is not None and self.log_writer.spool.over_cap:
+            return False, "inference-log spool is over its cap: ingest it"
+        return True, "ready"
+
+    def state(self) -> dict[str, Any]:
+        t = self.table
+        ready, reason = self.ready()
+        return {
+            "worker_id": self.worker_id,
+            "ready": ready,
+            "reason": reason,
+            "slots": {
+                slot: (m.model.describe() if (m := t.model(slot)) is not None else None)
+                for slot in SLOTS
+            },
+            "canary_weight": t.canary_weight,
+            "inject_latency_ms": {STABLE: t.stable_latency_ms, CANARY: t.canary_latency_ms},
+            "batching": {
+                "max_rows": self.settings.serving_max_batch_rows,
+                "max_delay_ms": self.settings.serving_max_batch_delay_ms,
+            },
+            "request_log": self.log_writer is not None,
+            "uptime_s": round(time.time() - self._started, 3),
+        }
+
+    def snapshot(self) -> WorkerSnapshot:
+        t = self.table
+        writer = self.log_writer
+        backlog = writer.spool.backlog if writer else None
+        stats = writer.stats if writer else None
+        return WorkerSnapshot(
+            ready=self.ready()[0],
+            queue_depth=sum(m.batcher.depth for m in t.models()),
+            canary_weight=t.canary_weight,
+            injected_latency_ms={STABLE: t.stable_latency_ms, CANARY: t.canary_latency_ms},
+            models=[
+                {
+                    "slot": slot,
+                    "version": m.version,
+                    "lineage_id": m.model.lineage_id,
+                    "engine": m.model.engine.name,
+                }
+                for slot in SLOTS
+                if (m := t.model(slot)) is not None
+            ],
+            binary_connections=self.binary_connections,
+            log_buffered_rows=writer.buffered if writer else 0,
+            log_rows={
+                "clickhouse": stats.rows_inserted if stats else 0,
+                "spool": stats.rows_spooled if stats else 0,
+            },
+            spool_segments=backlog.segments if backlog else 0,
+            spool_bytes=backlog.bytes if backlog else 0,
+            spool_cap_bytes=writer.spool.max_bytes if writer else 0,
+            spool_over_cap=bool(writer and writer.spool.over_cap),
+        )
+
+    async def close(self) -> None:
+        """Stop taking requests, finish queued ones, free engines, write every log row."""
+        self.draining = True
+        await asyncio.gather(*(m.batcher.close() for m in self.table.models()), *self._retiring)
+        if self.log_writer is not None:
+            await asyncio.to_thread(self.log_writer.close)
