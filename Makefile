@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 PREFECT_PORT ?= 4200
 export PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 export PREFECT_HOME    ?= $(CURDIR)/.relay/prefect
+export RELAY_PREFECT_UI_URL ?= http://127.0.0.1:$(PREFECT_PORT)
 
 .PHONY: install demo test test-fast up down bench lint clean
 

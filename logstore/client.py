@@ -34,7 +34,9 @@ def connect(dsn: str) -> Client:
         if client is not None:
             return client
         try:
-            client = clickhouse_connect.get_client(dsn=dsn, connect_timeout=5)
+            # chdb is in-process: a connect timeout only means something for a server
+            options = {} if dsn.startswith("chdb://") else {"connect_timeout": 5}
+            client = clickhouse_connect.get_client(dsn=dsn, **options)
             migrate(client)
         except LogStoreError:
             raise
