@@ -63,7 +63,7 @@ class LocalBackend(Backend):
             try:
                 os.link(tmp, final)  # fails if final exists: create-if-absent, atomically
             except FileExistsError:
-                return False
+                return final.read_bytes() == data
             return True
         finally:
             tmp.unlink(missing_ok=True)

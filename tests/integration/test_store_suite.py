@@ -335,3 +335,11 @@ def test_lineage_parts_survive_the_round_trip(store: ModelStore, tmp_path: Path)
     store.publish(manifest)
     got = store.resolve("v1")
     assert got.lineage == lineage and got.lineage_sources == {"env": {"python": "3.11.9"}}
+
+
+def test_create_if_absent_write_refuses_other_bytes_and_accepts_its_own_again(store: ModelStore):
+    # A writer whose request landed but whose answer was lost retries with the same bytes.
+    assert store.backend.put_bytes("versions/v9/manifest.json", b"mine", exclusive=True)
+    assert store.backend.put_bytes("versions/v9/manifest.json", b"mine", exclusive=True)
+    assert not store.backend.put_bytes("versions/v9/manifest.json", b"theirs", exclusive=True)
+    assert store.backend.get_bytes("versions/v9/manifest.json") == b"mine"
