@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -886,13 +887,16 @@ def record_key_for(attach_to: str | None, report_id: str) -> str:
 
 def store_report_files(
     store: ModelStore,
-    store_url: str,
     report: ImpactReport,
-    html_path: Any,
-    json_path: Any,
+    html_path: Path,
+    json_path: Path,
     attach_to: str | None,
 ) -> StoredImpactReport:
-    """Store the HTML and JSON as blobs, then the record that lists them (written last, once)."""
+    """Store the HTML and JSON as blobs, then the record that lists them (written last, once).
+
+    The record's `blobs` field names every blob it references, in the same shape as a
+    manifest's, so store-wide tools (gc) can find the references.
+    """
     if attach_to:
         store.get_manifest(attach_to)  # raises VersionNotFound: never attach to a missing version
     blobs = {"report.html": store.put_blob(html_path), "report.json": store.put_blob(json_path)}
@@ -909,8 +913,8 @@ def store_report_files(
         finding=report.finding,
         headline=report.headline,
         blobs=blobs,
-        html_url=f"{store_url}/{blob_key(blobs['report.html'].sha256)}",
-        json_url=f"{store_url}/{blob_key(blobs['report.json'].sha256)}",
+        html_url=store.backend.locate(blob_key(blobs["report.html"].sha256)),
+        json_url=store.backend.locate(blob_key(blobs["report.json"].sha256)),
     )
     if not store.backend.put_bytes(
         record.record_key, record.model_dump_json(indent=2).encode(), exclusive=True
@@ -969,10 +973,7 @@ def store_impact_report(
     html_path, json_path = folder / "impact-report.html", folder / "impact-report.json"
     html_path.write_text(render_html(report), encoding="utf-8")
     json_path.write_text(render_json(report), encoding="utf-8")
-    return store_report_files(
-        open_store(settings), settings.resolved_model_store_url, report, html_path, json_path,
-        attach_to,
-    )
+    return store_report_files(open_store(settings), report, html_path, json_path, attach_to)
 
 
 @task(name="publish-impact-summary", cache_policy=NO_CACHE)
