@@ -1,0 +1,48 @@
+"""prefect.yaml is the single source of deployments: every entrypoint is a flow that accepts its parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect.exceptions import ParameterTypeError
+from prefect.flows import Flow, load_flow_from_entrypoint
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_entrypoint_is_a_flow_accepting_the_files_parameters(name):
+    spec = DEPLOYMENTS[name]
+    flow = load_flow_from_entrypoint(str(ROOT / spec["entrypoint"]))
+    assert isinstance(flow, Flow)
+    accepted = set(flow.parameters.properties)
+    assert set(spec.get("parameters", {})) <= accepted, f"{name}: unknown parameters"
+    flow.validate_parameters(dict(spec.get("parameters", {})))
+
+
+@pytest.mark.parametrize("name", sorted(DEPLOYMENTS))
+def test_work_pool_has_a_base_job_template(name):
+    pool = DEPLOYMENTS[name]["work_pool"]["name"]
+    assert (ROOT / "deployments" / "pools" / f"{pool}.json").is_file()
+
+
+def test_expected_deployments_and_schedules():
+    assert {"retrain-and-release", "impact-report"} <= set(DEPLOYMENTS)
+    weekly = DEPLOYMENTS["retrain-and-release"]["schedules"][0]
+    assert weekly["cron"] == "0 3 * * 1" and weekly["timezone"] == "UTC"
+    assert DEPLOYMENTS["retrain-and-release"]["concurrency_limit"]["limit"] == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"epochs": -1}, {"window_days": 0}, {"min_rows": 0}],
+    ids=["negative-epochs", "zero-window", "zero-min-rows"],
+)
+def test_invalid_release_parameters_are_rejected_before_any_work(bad):
+    flow = load_flow_from_entrypoint(str(ROOT / DEPLOYMENTS["retrain-and-release"]["entrypoint"]))
+    with pytest.raises(ParameterTypeError):
+        flow.validate_parameters(bad)
