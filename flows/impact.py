@@ -13,6 +13,7 @@ from tasks.impact import (
     ImpactOptions,
     StoredImpactReport,
     analyse_latency_impact,
+    check_report_target,
     publish_impact_summary,
     query_impact_sessions,
     resolve_window,
@@ -48,6 +49,7 @@ def impact_report(
         max_refutation_sessions=max_refutation_sessions,
         seed=seed,
     )
+    check_report_target(settings, attach_to)
     data = query_impact_sessions(settings, window, model_versions or [], options.max_session)
     report = analyse_latency_impact(data, options)
     stored = store_impact_report(settings, report, attach_to)

@@ -38,7 +38,7 @@ from logstore.impact import (
 )
 from model_store import ModelStore, open_store
 from model_store.store import blob_key
-from relay.errors import StoreError
+from relay.errors import StoreError, VersionNotFound
 from relay.settings import Settings
 from relay.types import BlobRef
 from tasks.workdir import run_workdir
@@ -955,13 +955,37 @@ def query_impact_sessions(
     )
 
 
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry transient store failures, never a missing version (it will still be missing)."""
+    try:
+        state.result()
+    except VersionNotFound:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+@task(
+    name="check-report-target", retries=2, retry_delay_seconds=2,
+    retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE,
+)
+def check_report_target(settings: Settings, attach_to: str | None) -> None:
+    """Fail before any work when the report is to be filed under a version that does not exist."""
+    if attach_to:
+        open_store(settings).get_manifest(attach_to)  # raises VersionNotFound
+
+
 @task(name="analyse-impact", cache_policy=NO_CACHE)
 def analyse_latency_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
     """The report's numbers (pure; a task so the UI shows its duration and failures)."""
     return analyse_impact(data, options)
 
 
-@task(name="store-impact-report", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+@task(
+    name="store-impact-report", retries=2, retry_delay_seconds=2,
+    retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE,
+)
 def store_impact_report(
     settings: Settings, report: ImpactReport, attach_to: str | None
 ) -> StoredImpactReport:
