@@ -26,7 +26,7 @@ from model_store import open_store
 from relay.errors import RelayError
 from relay.settings import Settings, get_settings
 from serving.binary import BinaryServer
-from serving.http import build_app
+from serving.http import build_app, server_config
 from serving.metrics import ServingMetrics
 from serving.routing import STABLE
 from serving.schema import RequestRejected
@@ -86,16 +86,7 @@ async def serve(settings: Settings, shutdown: Shutdown) -> None:
     sock.bind((settings.serving_host, settings.serving_port))
     sock.listen(2048)
     http_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        build_app(worker),
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_level="warning",
-        timeout_keep_alive=30,
-        timeout_graceful_shutdown=10,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(build_app(worker)))
     shutdown.server = server
     server.should_exit = shutdown.requested
     http_task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -83,7 +83,7 @@ class BinaryConnection(asyncio.BufferedProtocol):
 
     # -- asyncio.BufferedProtocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio subclass
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:

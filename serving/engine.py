@@ -23,9 +23,9 @@ import onnxruntime as ort
 from model_store import ModelStore
 from model_store.hashing import sha256_file
 from relay.errors import ServingError
-from relay.features import CATEGORICAL, DENSE, N_FEATURES
+from relay.features import CATEGORICAL, DENSE
 from relay.types import EngineRecord, VersionManifest
-from serving.schema import model_input
+from serving.schema import RAW_INDEX, RAW_ORDER, model_input
 
 log = logging.getLogger("serving.engine")
 
@@ -258,11 +258,13 @@ def warm_up(engine: Engine, max_batch_rows: int) -> None:
 
 
 def synthetic_rows(n: int, seed: int = 0) -> np.ndarray:
-    """Plausible raw feature rows (float64, FEATURE_NAMES order) for warm-up and self-checks."""
+    """Plausible raw rows (float64, columns in RAW_ORDER) for warm-up and benchmarks."""
     rng = np.random.default_rng(seed)
-    raw = np.empty((n, N_FEATURES), dtype=np.float64)
-    for j, spec in enumerate(CATEGORICAL):
-        raw[:, j] = rng.integers(0, spec.buckets, n)
-    for j, dspec in enumerate(DENSE, start=len(CATEGORICAL)):
-        raw[:, j] = rng.uniform(dspec.low, min(dspec.high, dspec.low + 100.0), n)
+    raw = np.empty((n, len(RAW_ORDER)), dtype=np.float64)
+    for spec in CATEGORICAL:
+        raw[:, RAW_INDEX[spec.name]] = rng.integers(0, spec.buckets, n)
+    for dspec in DENSE:
+        raw[:, RAW_INDEX[dspec.name]] = rng.uniform(
+            dspec.low, min(dspec.high, dspec.low + 100.0), n
+        )
     return raw

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -53,6 +54,19 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise RequestRejected("body_too_large", f"body exceeds the limit of {limit} bytes", 413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def server_config(app: Starlette) -> uvicorn.Config:
+    """uvicorn on httptools (C HTTP parser) with access logs off: the worker's HTTP stack."""
+    return uvicorn.Config(
+        app,
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=10,
+    )
 
 
 def build_app(worker: Worker) -> Starlette:

@@ -69,16 +69,18 @@ def start_worker(
     args: Sequence[str] = (),
     timeout_s: float = 60.0,
     cpu: int | None = None,
+    module: str = "serving",
 ) -> WorkerProcess:
-    """Start a worker with `env` on top of this process's environment; wait until it listens.
+    """Start `python -m serving` with `env` over this environment; wait until it listens.
 
-    `cpu` pins the worker to one CPU (benchmarks). Raises ServingError with the worker's log if
-    it exits or stays silent for `timeout_s`.
+    `cpu` pins the worker to one CPU (benchmarks). `module` runs another server that prints
+    the same listening line (the benchmark's baselines). Raises ServingError with the worker's
+    log if it exits or stays silent for `timeout_s`.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "w")  # noqa: SIM115 - the child owns it; closed below
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving", *args],
+        [sys.executable, "-m", module, *args],
         env={**os.environ, **env},  # handed through to the child, whose Settings read it
         stdout=subprocess.PIPE,
         stderr=log_file,

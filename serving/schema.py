@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
 
 from relay.errors import ServingError
-from relay.features import DENSE, FEATURE_NAMES, N_CATEGORICAL, N_FEATURES, to_model_input
+from relay.features import CATEGORICAL, DENSE, to_model_input
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,18 +67,61 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "context": CONTEXT_FIELDS,
 }
 SHARED_FIELDS: tuple[str, ...] = USER_FIELDS + SESSION_FIELDS + CONTEXT_FIELDS
+# A request's raw block keeps items then shared values, so assembling it is two slice copies;
+# model_input hands the pipeline its columns by name.
+RAW_ORDER: tuple[str, ...] = ITEM_FIELDS + SHARED_FIELDS
+RAW_INDEX: dict[str, int] = {name: j for j, name in enumerate(RAW_ORDER)}
 
 # Categorical ids must survive the trip to float exactly, or they land in another bucket.
 JSON_ID_LIMIT = 2**53
 FLOAT32_ID_LIMIT = 2**24
 MAX_ID_CHARS = 128
 
-_COLUMN = {name: j for j, name in enumerate(FEATURE_NAMES)}
-_ITEM_COLS = np.array([_COLUMN[n] for n in ITEM_FIELDS])
-_SHARED_COLS = np.array([_COLUMN[n] for n in SHARED_FIELDS])
-_USER_ID_COL = _COLUMN["user_id"]
-_DENSE_LOW = np.array([d.low for d in DENSE])
-_DENSE_HIGH = np.array([d.high for d in DENSE])
+_N_ITEM = len(ITEM_FIELDS)
+_CATEGORICAL = frozenset(c.name for c in CATEGORICAL)
+_DENSE_SPEC = {d.name: d for d in DENSE}
+_IS_CAT = np.array([name in _CATEGORICAL for name in RAW_ORDER])
+_LOW = np.array([_DENSE_SPEC[n].low if n in _DENSE_SPEC else 0.0 for n in RAW_ORDER])
+
+
+def _high(item_id_limit: int) -> np.ndarray:
+    """Per-column upper bounds: dense ranges, and ids as large as their encoding keeps exact."""
+    return np.array(
+        [
+            _DENSE_SPEC[n].high
+            if n in _DENSE_SPEC
+            else (item_id_limit if n in ITEM_FIELDS else JSON_ID_LIMIT) - 1
+            for n in RAW_ORDER
+        ]
+    )
+
+
+# JSON carries every id exactly below 2**53; the binary form's float32 payload carries item ids
+# exactly only below 2**24 (its header, being JSON, carries the rest exactly).
+_HIGH_JSON = _high(JSON_ID_LIMIT)
+_HIGH_BINARY = _high(FLOAT32_ID_LIMIT)
+
+
+def _runs(mask: np.ndarray) -> list[slice]:
+    """Contiguous runs of True in a mask, as slices."""
+    runs, start = [], None
+    for j, flag in enumerate([*mask.tolist(), False]):
+        if flag and start is None:
+            start = j
+        elif not flag and start is not None:
+            runs.append(slice(start, j))
+            start = None
+    return runs
+
+
+_DENSE_RUNS = _runs(~_IS_CAT)  # rounded through float32 as one slice each
+_ITEM_GET = itemgetter(*ITEM_FIELDS)
+_SECTION_GET = {section: itemgetter(*fields) for section, fields in SECTIONS.items()}
+_SECTION_KEYS = {
+    section: frozenset(fields) | ({"session_id"} if section == "session" else set())
+    for section, fields in SECTIONS.items()
+}
+_NUMBER = (int, float)
 
 
 class RequestRejected(ServingError):
@@ -92,12 +136,12 @@ class RequestRejected(ServingError):
 
 @dataclass(slots=True)
 class PredictRequest:
-    """One decoded, checked request: raw features in FEATURE_NAMES order, one row per candidate."""
+    """One decoded, checked request: raw features in RAW_ORDER, one row per candidate."""
 
     request_id: str | None
     user_id: int
     session_id: str
-    raw: np.ndarray  # float64 (n, 27)
+    raw: np.ndarray  # float64 (n, 27), columns in RAW_ORDER
     input_bytes: int
 
     @property
@@ -111,40 +155,43 @@ def decode_json(body: bytes, max_candidates: int) -> PredictRequest:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         doc = _parse_non_finite(body, exc)
-    if not isinstance(doc, dict):
+    if type(doc) is not dict:
         raise RequestRejected("not_an_object", f"body must be a JSON object, got {_kind(doc)}")
     candidates = doc.get("candidates")
     if candidates is None:
         raise RequestRejected("missing_field", "body has no 'candidates' list")
-    if not isinstance(candidates, list):
+    if type(candidates) is not list:
         raise RequestRejected("wrong_type", f"'candidates' must be a list, got {_kind(candidates)}")
     _check_count(len(candidates), max_candidates)
     try:
-        rows = [[c[k] for k in ITEM_FIELDS] for c in candidates]
-        if any(len(c) != len(ITEM_FIELDS) for c in candidates):
-            raise KeyError
-    except (KeyError, TypeError, IndexError):
+        rows = [_ITEM_GET(c) for c in candidates]
+        if sum(map(len, candidates)) != _N_ITEM * len(candidates):
+            raise KeyError  # some candidate has features beyond the model's
+    except (KeyError, TypeError):
         raise _diagnose_candidates(candidates) from None
-    items = np.array(rows)
-    if items.dtype.kind not in "iuf" or items.ndim != 2:
+    try:
+        items = np.array(rows)
+    except ValueError:  # a list where a number belongs
+        raise _diagnose_values(rows) from None
+    if items.dtype.kind not in "iuf" or items.ndim != 2:  # strings, nulls, objects, huge ints
         raise _diagnose_values(rows)
     session_id, shared = _decode_sections(doc)
-    raw = _assemble(items.astype(np.float64, copy=False), shared, round_dense=True)
-    _check_values(raw, JSON_ID_LIMIT)
-    return PredictRequest(_request_id(doc), int(raw[0, _USER_ID_COL]), session_id, raw, len(body))
+    raw = _assemble(items, shared)
+    _check_values(raw, _HIGH_JSON)
+    return PredictRequest(_request_id(doc), int(raw[0, _N_ITEM]), session_id, raw, len(body))
 
 
 def decode_binary(header: Any, payload: memoryview, max_candidates: int) -> PredictRequest:
     """Check a binary frame's header and view its float32 payload. Raises RequestRejected."""
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise RequestRejected("not_an_object", f"header must be a JSON object, got {_kind(header)}")
     rows, cols = header.get("rows"), header.get("cols")
     if type(rows) is not int or type(cols) is not int or rows < 0 or cols < 0:
         raise RequestRejected("wrong_type", "header needs non-negative integer 'rows' and 'cols'")
-    if cols != len(ITEM_FIELDS):
+    if cols != _N_ITEM:
         raise RequestRejected(
             "wrong_feature_count",
-            f"payload has {cols} item features per row, the model takes {len(ITEM_FIELDS)} "
+            f"payload has {cols} item features per row, the model takes {_N_ITEM} "
             f"({', '.join(ITEM_FIELDS)})",
         )
     _check_count(rows, max_candidates)
@@ -156,10 +203,10 @@ def decode_binary(header: Any, payload: memoryview, max_candidates: int) -> Pred
         )
     items = np.frombuffer(payload, dtype="<f4").reshape(rows, cols)  # a view: no copy
     session_id, shared = _decode_sections(header)
-    raw = _assemble(items, shared, round_dense=False)
-    _check_values(raw, FLOAT32_ID_LIMIT)
+    raw = _assemble(items, shared)
+    _check_values(raw, _HIGH_BINARY)
     return PredictRequest(
-        _request_id(header), int(raw[0, _USER_ID_COL]), session_id, raw, payload.nbytes
+        _request_id(header), int(raw[0, _N_ITEM]), session_id, raw, payload.nbytes
     )
 
 
@@ -171,10 +218,10 @@ def model_input(raw: np.ndarray) -> np.ndarray:
 
 
 class _RawColumns:
-    """Column access over a float64 (n, 27) matrix, shaped like the DataFrame to_model_input takes."""
+    """Column access by name over a raw block, shaped like the DataFrame to_model_input takes."""
 
     __slots__ = ("_raw",)
-    columns = FEATURE_NAMES
+    columns = RAW_ORDER
 
     def __init__(self, raw: np.ndarray) -> None:
         self._raw = raw
@@ -183,7 +230,7 @@ class _RawColumns:
         return int(self._raw.shape[0])
 
     def __getitem__(self, name: str) -> _Column:
-        return _Column(self._raw[:, _COLUMN[name]])
+        return _Column(self._raw[:, RAW_INDEX[name]])
 
 
 class _Column:
@@ -215,81 +262,68 @@ def _check_count(n: int, max_candidates: int) -> None:
         )
 
 
-def _decode_sections(doc: dict[str, Any]) -> tuple[str, np.ndarray]:
+def _decode_sections(doc: dict[str, Any]) -> tuple[str, list[Any]]:
     """session_id and the 14 per-request feature values, in SHARED_FIELDS order."""
-    values: list[float] = []
-    for section, fields in SECTIONS.items():
+    values: list[Any] = []
+    for section, keys in _SECTION_KEYS.items():
         part = doc.get(section)
-        if not isinstance(part, dict):
-            raise RequestRejected(
-                "missing_field" if part is None else "wrong_type",
-                f"'{section}' must be an object with {', '.join(fields)}",
-            )
-        expected = set(fields) | ({"session_id"} if section == "session" else set())
-        missing = [f for f in fields if f not in part]
-        unknown = sorted(set(part) - expected)
-        if missing or unknown:
-            raise RequestRejected(
-                "wrong_feature_count",
-                f"'{section}': " + _missing_unknown(missing, unknown),
-            )
-        for f in fields:
-            v = part[f]
-            if type(v) not in (int, float):
-                raise RequestRejected(
-                    "wrong_type", f"'{section}.{f}' must be a number, got {_kind(v)}"
-                )
-            values.append(v)
-    session_id = doc["session"].get("session_id")
-    if not isinstance(session_id, str) or len(session_id) > MAX_ID_CHARS:
+        if type(part) is not dict or part.keys() != keys:
+            raise _diagnose_section(section, part)
+        values += _SECTION_GET[section](part)
+    for name, v in zip(SHARED_FIELDS, values, strict=True):
+        if type(v) not in _NUMBER:
+            raise RequestRejected("wrong_type", f"'{name}' must be a number, got {_kind(v)}")
+    session_id = doc["session"]["session_id"]
+    if type(session_id) is not str or len(session_id) > MAX_ID_CHARS:
         raise RequestRejected(
             "wrong_type", f"'session.session_id' must be a string of at most {MAX_ID_CHARS} chars"
         )
+    return session_id, values
+
+
+def _assemble(items: np.ndarray, shared: list[Any]) -> np.ndarray:
+    raw = np.empty((items.shape[0], len(RAW_ORDER)), dtype=np.float64)
+    raw[:, :_N_ITEM] = items
     try:
-        shared = np.array(values, dtype=np.float64)
-    except OverflowError:  # an integer beyond float64: certainly beyond every id limit
+        raw[:, _N_ITEM:] = shared
+    except OverflowError:  # an integer beyond float64: beyond every id limit
         raise RequestRejected(
             "bad_categorical", "an id in user/session/context is too large"
         ) from None
-    return session_id, shared
-
-
-def _assemble(items: np.ndarray, shared: np.ndarray, *, round_dense: bool) -> np.ndarray:
-    raw = np.empty((items.shape[0], N_FEATURES), dtype=np.float64)
-    raw[:, _ITEM_COLS] = items
-    raw[:, _SHARED_COLS] = shared
-    if round_dense:
+    for run in _DENSE_RUNS:
         # Training reads dense columns from Float32 ClickHouse columns; rounding the same way
         # keeps JSON, binary and training inputs bit-identical.
-        raw[:, N_CATEGORICAL:] = raw[:, N_CATEGORICAL:].astype(np.float32)
+        raw[:, run] = raw[:, run].astype(np.float32)
     return raw
 
 
-def _check_values(raw: np.ndarray, id_limit: int) -> None:
+def _check_values(raw: np.ndarray, high: np.ndarray) -> None:
+    """Everything finite, within its possible range, categoricals whole numbers; else say which."""
+    if (
+        np.isfinite(raw).all()
+        and ((raw >= _LOW) & (raw <= high)).all()
+        and not ((np.floor(raw) != raw) & _IS_CAT).any()
+    ):
+        return
     finite = np.isfinite(raw)
     if not finite.all():
         raise RequestRejected(
             "non_finite", f"NaN or inf in feature columns: {_columns(~finite.all(axis=0))}"
         )
-    cat = raw[:, :N_CATEGORICAL]
-    bad_cat = ((cat < 0) | (cat >= id_limit) | (cat != np.floor(cat))).any(axis=0)
-    if bad_cat.any():
-        raise RequestRejected(
-            "bad_categorical",
-            f"ids and codes must be whole numbers in [0, {id_limit}): {_columns(bad_cat)}",
-        )
-    dense = raw[:, N_CATEGORICAL:]
-    bad_dense = np.flatnonzero(((dense < _DENSE_LOW) | (dense > _DENSE_HIGH)).any(axis=0))
-    if bad_dense.size:
-        ranges = ", ".join(
-            f"{DENSE[i].name} in [{DENSE[i].low:g}, {DENSE[i].high:g}]" for i in bad_dense
-        )
-        raise RequestRejected("out_of_range", f"values outside the possible range: {ranges}")
+    outside = ((raw < _LOW) | (raw > high)).any(axis=0)
+    bad_cat = np.flatnonzero(_IS_CAT & (outside | (np.floor(raw) != raw).any(axis=0)))
+    if bad_cat.size:
+        limits = ", ".join(f"{RAW_ORDER[j]} in [0, {high[j] + 1:.0f})" for j in bad_cat)
+        raise RequestRejected("bad_categorical", f"ids and codes must be whole numbers: {limits}")
+    ranges = ", ".join(
+        f"{RAW_ORDER[j]} in [{_LOW[j]:g}, {high[j]:g}]" for j in np.flatnonzero(outside)
+    )
+    raise RequestRejected("out_of_range", f"values outside the possible range: {ranges}")
 
 
 def _columns(mask: np.ndarray) -> str:
-    """Names of the columns a mask flags (masks start at column 0: all 27, or the categoricals)."""
-    return ", ".join(FEATURE_NAMES[i] for i in np.flatnonzero(mask))
+    """Names of the raw-block columns a mask flags."""
+    return ", ".join(RAW_ORDER[j] for j in np.flatnonzero(mask))
 
 
 def _request_id(doc: dict[str, Any]) -> str | None:
@@ -301,6 +335,21 @@ def _request_id(doc: dict[str, Any]) -> str | None:
             "wrong_type", f"'request_id' must be a non-empty string of at most {MAX_ID_CHARS} chars"
         )
     return rid
+
+
+def _diagnose_section(section: str, part: Any) -> RequestRejected:
+    """The precise complaint about a malformed user/session/context object (the slow path)."""
+    fields = SECTIONS[section]
+    if type(part) is not dict:
+        return RequestRejected(
+            "missing_field" if part is None else "wrong_type",
+            f"'{section}' must be an object with {', '.join(fields)}",
+        )
+    missing = sorted(_SECTION_KEYS[section] - set(part))
+    unknown = sorted(set(part) - _SECTION_KEYS[section])
+    return RequestRejected(
+        "wrong_feature_count", f"'{section}': " + _missing_unknown(missing, unknown)
+    )
 
 
 def _diagnose_candidates(candidates: list[Any]) -> RequestRejected:

@@ -1,0 +1,246 @@
+"""The request-log spool: whole segments, a loud cap, exactly-once ingestion, server fallback."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from logstore.spool import (
+    COLUMNS,
+    INGESTING_SUFFIX,
+    LogRow,
+    RequestLogWriter,
+    SpoolWriter,
+    ingest_spool,
+    rows_to_table,
+)
+
+
+def rows(n: int, tag: str | None = None) -> list[LogRow]:
+    tag = tag or uuid.uuid4().hex[:12]
+    now = time.time()
+    return [
+        (
+            now,
+            f"{tag}-{i}",
+            10 + i,
+            "s",
+            "stable",
+            "v1",
+            "l1",
+            1.5,
+            0.1,
+            0.2,
+            0.3,
+            0.9,
+            4,
+            800,
+            200,
+            "",
+        )
+        for i in range(n)
+    ]
+
+
+def count(client: Any, tag: str) -> int:
+    return int(
+        client.query(
+            "SELECT count() FROM inference_logs WHERE startsWith(request_id, {tag:String})",
+            parameters={"tag": tag + "-"},
+        ).result_rows[0][0]
+    )
+
+
+@pytest.fixture
+def clickhouse(settings: Any) -> Any:
+    import logstore
+
+    return logstore.connect(settings.resolved_clickhouse_dsn)
+
+
+class FakeServer:
+    """A ClickHouse server that can be switched off."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.tables: list[pa.Table] = []
+
+    def insert_arrow(self, table: str, arrow_table: pa.Table) -> None:
+        if self.down:
+            raise ConnectionError("connection refused")
+        assert table == "inference_logs"
+        self.tables.append(arrow_table)
+
+    def query(self, query: str, parameters: dict[str, Any] | None = None) -> Any:
+        raise AssertionError("not used: no leftovers in these tests")
+
+    def request_ids(self) -> list[str]:
+        return [r for t in self.tables for r in t.column("request_id").to_pylist()]
+
+
+def test_rows_become_a_table_with_the_inference_logs_types() -> None:
+    table = rows_to_table(rows(3, "t"))
+    assert table.column_names == list(COLUMNS) and table.num_rows == 3
+    assert table.schema.field("ts").type == pa.timestamp("ms", tz="UTC")
+    assert table.column("batch_size").type == pa.uint16()
+    assert rows_to_table([]).num_rows == 0
+
+
+def test_a_segment_appears_whole_under_its_final_name(tmp_path: Path) -> None:
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    path = spool.write(rows(5, "seg"))
+    assert path.suffix == ".parquet" and not list(tmp_path.glob(".tmp-*"))
+    assert pq.read_table(path).column("request_id").to_pylist() == [f"seg-{i}" for i in range(5)]
+    assert spool.backlog.segments == 1 and spool.backlog.bytes == path.stat().st_size
+
+
+def test_breaching_the_cap_is_logged_as_an_error_and_flagged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = SpoolWriter(tmp_path, max_bytes=100, prefix="w1")
+    with caplog.at_level(logging.WARNING, logger="logstore.spool"):
+        spool.write(rows(50))
+        assert spool.over_cap
+        assert any(
+            r.levelno == logging.ERROR and "over its cap" in r.message for r in caplog.records
+        )
+        for segment in tmp_path.glob("*.parquet"):
+            segment.unlink()
+        spool.check_cap()
+    assert not spool.over_cap
+    assert any("back under its cap" in r.message for r in caplog.records)
+
+
+def test_ingest_inserts_every_segment_once_then_deletes_it(tmp_path: Path, clickhouse: Any) -> None:
+    tag = uuid.uuid4().hex[:12]
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    spool.write(rows(7, tag)[:4])
+    spool.write(rows(7, tag)[4:])
+    report = ingest_spool(clickhouse, tmp_path)
+    assert (report.segments, report.rows, report.recovered) == (2, 7, 0)
+    assert count(clickhouse, tag) == 7
+    assert not list(tmp_path.iterdir())
+    assert ingest_spool(clickhouse, tmp_path).rows == 0
+    assert count(clickhouse, tag) == 7
+
+
+def test_a_crash_between_insert_and_delete_does_not_duplicate_rows(
+    tmp_path: Path, clickhouse: Any
+) -> None:
+    inserted, lost = uuid.uuid4().hex[:12], uuid.uuid4().hex[:12]
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    # one claimed segment whose INSERT landed before the crash, one whose INSERT did not
+    done = spool.write(rows(6, inserted))
+    clickhouse.insert_arrow("inference_logs", pq.read_table(done))
+    done.rename(done.with_name(done.name + INGESTING_SUFFIX))
+    pending = spool.write(rows(3, lost))
+    pending.rename(pending.with_name(pending.name + INGESTING_SUFFIX))
+    report = ingest_spool(clickhouse, tmp_path)
+    assert report.recovered == 2 and report.rows == 3
+    assert count(clickhouse, inserted) == 6 and count(clickhouse, lost) == 3
+    assert not list(tmp_path.iterdir())
+
+
+def test_missing_spool_folder_ingests_nothing(tmp_path: Path, clickhouse: Any) -> None:
+    assert ingest_spool(clickhouse, tmp_path / "absent").rows == 0
+
+
+def writer_for(tmp_path: Path, server: FakeServer | None) -> RequestLogWriter:
+    return RequestLogWriter(
+        SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1"),
+        connect_server=(lambda: server) if server else None,
+        flush_s=0.05,
+        batch_rows=4,
+    )
+
+
+def test_without_a_server_every_flush_becomes_segments_of_at_most_batch_rows(
+    tmp_path: Path,
+) -> None:
+    writer = writer_for(tmp_path, None)
+    for row in rows(10):
+        writer.append(row)
+    writer.flush()
+    segments = sorted(tmp_path.glob("*.parquet"))
+    assert [pq.read_table(s).num_rows for s in segments] == [4, 4, 2]
+    assert writer.stats.rows_spooled == 10 and writer.buffered == 0
+
+
+def test_server_down_spools_and_server_back_drains_the_spool(tmp_path: Path) -> None:
+    server = FakeServer()
+    writer = writer_for(tmp_path, server)
+    first, second = rows(6, "a"), rows(3, "b")
+    server.down = True
+    for row in first:
+        writer.append(row)
+    writer.flush()
+    assert writer.stats.rows_spooled == 6 and list(tmp_path.glob("*.parquet"))
+    server.down = False
+    for row in second:
+        writer.append(row)
+    writer.flush()
+    assert sorted(server.request_ids()) == sorted(r[1] for r in first + second)
+    assert writer.stats.rows_inserted == 3 and writer.stats.rows_drained == 6
+    assert not list(tmp_path.iterdir())
+
+
+def test_unreachable_at_connect_time_is_the_same_as_down(tmp_path: Path) -> None:
+    attempts = []
+
+    def connect() -> FakeServer:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConnectionError("no route to host")
+        return server
+
+    server = FakeServer()
+    writer = RequestLogWriter(
+        SpoolWriter(tmp_path, 1 << 30, "w1"), connect_server=connect, flush_s=1, batch_rows=100
+    )
+    writer.append(rows(1, "x")[0])
+    writer.flush()
+    writer.append(rows(1, "y")[0])
+    writer.flush()
+    assert sorted(server.request_ids()) == ["x-0", "y-0"] and len(attempts) == 2
+
+
+def test_when_server_and_disk_both_fail_rows_stay_buffered(tmp_path: Path) -> None:
+    server = FakeServer()
+    server.down = True
+    writer = writer_for(tmp_path, server)
+
+    def broken(_: Any) -> Path:
+        raise OSError("disk full")
+
+    working = writer.spool.write
+    writer.spool.write = broken  # type: ignore[method-assign]
+    for row in rows(5, "kept"):
+        writer.append(row)
+    with pytest.raises(OSError):
+        writer.flush()
+    assert writer.buffered == 5 and writer.stats.spool_failures == 1
+    writer.spool.write = working  # type: ignore[method-assign]
+    writer.flush()
+    assert writer.buffered == 0 and writer.stats.rows_spooled == 5
+
+
+def test_the_background_thread_writes_on_its_interval_and_on_close(tmp_path: Path) -> None:
+    writer = writer_for(tmp_path, None)
+    writer.start()
+    try:
+        writer.append(rows(1)[0])
+        deadline = time.monotonic() + 5
+        while not list(tmp_path.glob("*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert list(tmp_path.glob("*.parquet"))
+        writer.append(rows(1)[0])
+    finally:
+        writer.close()
+    assert writer.stats.rows_spooled == 2 and writer.buffered == 0
