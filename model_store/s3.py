@@ -218,7 +218,12 @@ class S3Backend(Backend):
             policy = ""
         except (MinioException, *_NETWORK_ERRORS) as exc:
             raise self._failure(f"reading the policy of bucket {self.bucket!r}", exc) from exc
-        grants = anonymous_read_grants(policy) if policy else []
+        try:
+            grants = anonymous_read_grants(policy) if policy else []
+        except ValueError as exc:
+            raise StoreError(
+                f"cannot verify that bucket {self.bucket!r} is private: {exc}"
+            ) from exc
         if grants:
             raise StoreError(
                 f"refusing to write to bucket {self.bucket!r} at {self._endpoint}: its policy "
@@ -257,7 +262,7 @@ class S3Backend(Backend):
                     self.bucket,
                     name,
                     data,
-                    headers={"If-None-Match": "*", "Content-Type": "application/json"},
+                    headers={"If-None-Match": "*", "Content-Type": "application/octet-stream"},
                 )
                 return True
             except S3Error as exc:
@@ -300,7 +305,7 @@ class S3Backend(Backend):
                 self._name(key),
                 io.BytesIO(data),
                 len(data),
-                content_type="application/json",
+                content_type="application/octet-stream",
             )
         except (MinioException, *_NETWORK_ERRORS) as exc:
             raise self._failure(f"write of {self.locate(key)}", exc) from exc
