@@ -154,7 +154,9 @@ class Outage:
                     return
                 self._sockets.update((client, upstream))
             threading.Thread(target=self._pump, args=(client, upstream, "up"), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, "down"), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(upstream, client, "down"), daemon=True
+            ).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
         try:

@@ -46,7 +46,11 @@ def test_blob_is_stored_once_under_its_hash_and_comes_back_verified(
     path = write_random(tmp_path / "model.onnx", 300_000)
     first = store.put_blob(path)
     again = store.put_blob(path)
-    assert first == again == BlobRef(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=300_000)
+    assert (
+        first
+        == again
+        == BlobRef(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=300_000)
+    )
     assert store.backend.list_keys("blobs/") == [blob_key(first.sha256)]
     out = store.fetch_blob(first, tmp_path / "out" / "model.onnx")
     assert out.read_bytes() == path.read_bytes()
@@ -262,8 +266,7 @@ def test_alias_cannot_point_at_a_missing_version(store: ModelStore):
 
 def test_racing_alias_moves_are_all_kept_as_one_unbroken_chain(store: ModelStore, tmp_path: Path):
     versions = [
-        store.publish(publishable(store, tmp_path, f"v{i}", seed=f"s{i}")).version
-        for i in range(4)
+        store.publish(publishable(store, tmp_path, f"v{i}", seed=f"s{i}")).version for i in range(4)
     ]
     barrier = threading.Barrier(len(versions))
 
