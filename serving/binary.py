@@ -180,7 +180,13 @@ class BinaryConnection(asyncio.BufferedProtocol):
         self._write(
             encode_frame(
                 Kind.ERROR,
-                {"id": frame_id, "status": ex.status, "error": ex.error_code, "detail": ex.detail},
+                {
+                    "id": frame_id,
+                    "request_id": ex.request_id,
+                    "status": ex.status,
+                    "error": ex.error_code,
+                    "detail": ex.detail,
+                },
             )
         )
         self.worker.record(ex)

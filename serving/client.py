@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ class BinaryRejection:
     status: int
     error: str
     detail: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""  # the id the worker logged the refusal under
 
 
 class BinaryRequestFailed(ServingError):
@@ -225,5 +225,5 @@ def _answer(kind: int, head: dict[str, Any], payload: memoryview) -> BinaryResul
         status=int(head.get("status", 0)),
         error=str(head.get("error", "")),
         detail=str(head.get("detail", "")),
-        extra={k: v for k, v in head.items() if k not in {"status", "error", "detail"}},
+        request_id=str(head.get("request_id") or ""),
     )

@@ -58,6 +58,24 @@ class WorkerProcess:
             self.process.stdout.close()
         return int(self.process.returncode)
 
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Block until /readyz answers 200. Raises ServingError with the log if it never does."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                break
+            try:
+                if httpx.get(f"{self.http_url}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise ServingError(
+            f"worker {self.worker_id} is not ready; its log:\n{self.log_text()[-4000:]}"
+        )
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

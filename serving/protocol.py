@@ -8,7 +8,7 @@ Kinds and their headers:
              payload: rows x cols little-endian float32 item features (serving.schema.ITEM_FIELDS)
     RESULT   worker -> client  {id, request_id, slot, model_version, lineage_id, rows}
              payload: rows little-endian float32 scores
-    ERROR    worker -> client  {id, status, error, detail}; no payload
+    ERROR    worker -> client  {id, request_id, status, error, detail}; no payload
     PING     client -> worker  {id};  PONG worker -> client {id}
 
 `id` is the client's own number: stable and canary batch separately, so answers can overtake

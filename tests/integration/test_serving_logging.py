@@ -1,0 +1,156 @@
+"""Request logs survive what production throws at them: a worker restart mid-traffic, an
+unreachable ClickHouse server, and a spool nobody ingests (loud, never lossy)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
+from serving.process import WorkerProcess, start_worker
+from tests.integration.test_serving_worker import logged
+from tests.unit.test_serving_schema import make_doc
+
+
+def worker_env(published_version: Any, home: Path, **extra: str) -> dict[str, str]:
+    return {
+        "RELAY_HOME": str(home),
+        "RELAY_MODEL_STORE_URL": published_version.store.backend.describe(),
+        "RELAY_SERVING_PORT": "0",
+        "RELAY_SERVING_BINARY_PORT": "0",
+        "RELAY_SERVING_STABLE_REF": published_version.manifest.version,
+        **extra,
+    }
+
+
+def requests(n: int, tag: str) -> list[BinaryRequest]:
+    out = []
+    for i in range(n):
+        doc = make_doc(n=5, seed=i)
+        for c in doc["candidates"]:
+            c["item_id"] %= 2**24
+        out.append(
+            BinaryRequest(
+                doc["user"],
+                doc["session"],
+                doc["context"],
+                items_matrix(doc["candidates"]),
+                f"{tag}-{i}",
+            )
+        )
+    return out
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_restart_during_traffic_loses_no_log_row(
+    published_version: Any, settings: Any, tmp_path: Path
+) -> None:
+    # A long flush interval: at the SIGTERM the rows exist only in the worker's memory.
+    env = worker_env(
+        published_version,
+        tmp_path,
+        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
+        RELAY_SERVING_LOG_FLUSH_MS="60000",
+    )
+    tag = f"restart-{time.time_ns()}"
+    answered: list[str] = []
+    first = start_worker(env, tmp_path / "first.log")
+    first.wait_ready()
+    with BinaryClient(first.binary_host, first.binary_port) as client:
+        for answer in client.predict_many(requests(300, tag), window=64):
+            assert isinstance(answer, BinaryResult)
+            answered.append(answer.request_id)
+
+    # more traffic in flight while the worker is told to stop
+    def keep_sending() -> None:
+        doc = make_doc(n=5, seed=1)
+        with httpx.Client(base_url=first.http_url, timeout=10) as http:
+            for i in range(10_000):
+                doc["request_id"] = f"{tag}-late-{i}"
+                try:
+                    response = http.post("/v1/predict", json=doc)
+                except httpx.HTTPError:
+                    return  # the worker has stopped listening
+                answered.append(response.json()["request_id"])
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    time.sleep(0.5)
+    assert first.stop() == 0
+    sender.join()
+
+    second = start_worker(env, tmp_path / "second.log")
+    second.wait_ready()
+    with BinaryClient(second.binary_host, second.binary_port) as client:
+        for answer in client.predict_many(requests(100, tag + "-after"), window=64):
+            assert isinstance(answer, BinaryResult)
+            answered.append(answer.request_id)
+    assert second.stop() == 0
+
+    rows = logged(settings, tmp_path / "spool", answered, timeout_s=5)
+    assert len(answered) > 400
+    missing = [rid for rid in answered if rid not in rows]
+    assert not missing, f"{len(missing)} answered requests have no log row: {missing[:5]}"
+    assert all(len(r) == 1 for r in rows.values())
+    assert "request log flushed" in first.log_text()
+
+
+@pytest.fixture
+def stranded(published_version: Any, tmp_path: Path) -> Any:
+    """A worker whose ClickHouse server is down and whose spool cap is tiny."""
+    env = worker_env(
+        published_version,
+        tmp_path,
+        RELAY_CLICKHOUSE_DSN=f"http://default:s3cret@127.0.0.1:{closed_port()}/relay",
+        RELAY_SERVING_LOG_FLUSH_MS="100",
+        RELAY_SERVING_SPOOL_MAX_BYTES="2000",
+    )
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()
+
+
+def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
+    stranded: WorkerProcess, settings: Any, tmp_path: Path
+) -> None:
+    tag = f"down-{time.time_ns()}"
+    with BinaryClient(stranded.binary_host, stranded.binary_port) as client:
+        answers = client.predict_many(requests(200, tag), window=32)
+    assert all(isinstance(a, BinaryResult) for a in answers)
+    with httpx.Client(base_url=stranded.http_url, timeout=10) as http:
+        deadline = time.monotonic() + 10
+        while http.get("/readyz").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        not_ready = http.get("/readyz")
+        assert not_ready.status_code == 503 and "spool" in not_ready.json()["reason"]
+        metrics = http.get("/metrics").text
+        assert "relay_spool_over_cap 1.0" in metrics
+        assert 'relay_log_rows_total{sink="spool"}' in metrics
+        # still answering: the cap takes the worker out of rotation, it never drops rows
+        assert http.post("/v1/predict", json=make_doc(n=2)).status_code == 200
+
+        rows = logged(settings, tmp_path / "spool", [f"{tag}-{i}" for i in range(200)])
+        assert len(rows) == 200 and all(len(r) == 1 for r in rows.values())
+        deadline = time.monotonic() + 10
+        while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert http.get("/readyz").status_code == 200  # ingested: back under the cap
+    log = stranded.log_text()
+    assert "ClickHouse unreachable, spooling request logs" in log
+    assert "over its cap" in log
+    assert "s3cret" not in log
