@@ -11,6 +11,7 @@ Effects are in GMV per session per millisecond of the session's mean request lat
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -316,9 +317,17 @@ def histogram_bin_ms(profile: pd.DataFrame, bins: int = 50) -> float:
 # -- preparation ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PreparedSessions:
+    """Complete rows, with device type as numeric indicator columns the models can use."""
+
     frame: pd.DataFrame
-    covariates: list[str]
+    covariates: list[str]  # the covariates (by concept) that vary: device_type, user_age
+    confounders: list[str]  # device indicator columns: causes of latency and of GMV
+    precision: list[str]  # ["user_age"] when it varies: a cause of GMV only
     notes: list[str]
+
+    @property
+    def adjustment(self) -> list[str]:
+        return self.confounders + self.precision
 
 
 def prepare_sessions(sessions: pd.DataFrame) -> PreparedSessions:
@@ -347,7 +356,30 @@ def prepare_sessions(sessions: pd.DataFrame) -> PreparedSessions:
                 f"{column} has a single value ({value}) in this window: it was dropped from every "
                 "model, so estimates hold for that group only and it cannot confound them here."
             )
-    return PreparedSessions(frame=frame, covariates=covariates, notes=notes)
+    confounders = []
+    if "device_type" in covariates:
+        # Indicators computed once: DoWhy would one-hot encode a categorical column again on
+        # every refit of every refutation, which dominates the run time at scale.
+        levels = sorted(str(v) for v in frame["device_type"].unique())
+        for level in levels[1:]:
+            name = _indicator_name(level, taken=set(frame.columns))
+            frame[name] = (frame["device_type"].astype(str) == level).astype("float64")
+            confounders.append(name)
+        notes.append(
+            f"device_type enters the models as indicators against {levels[0]!r} ("
+            + ", ".join(confounders) + ")."
+        )
+    precision = ["user_age"] if "user_age" in covariates else []
+    return PreparedSessions(frame, covariates, confounders, precision, notes)
+
+
+def _indicator_name(level: str, taken: set[str]) -> str:
+    base = "device_" + (re.sub(r"\W+", "_", level).strip("_") or "blank")
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    return name
 
 
 # -- descriptive ---------------------------------------------------------------------------------
@@ -384,15 +416,14 @@ def bin_by_latency(frame: pd.DataFrame, outcome: str, bins: int) -> list[Latency
 
 
 # -- regression ----------------------------------------------------------------------------------
-def _terms(covariates: Sequence[str]) -> list[str]:
-    return [f"C({c})" if c == "device_type" else c for c in covariates]
+def _robust_fit(frame: pd.DataFrame, outcome: str, regressors: Sequence[str]) -> tuple[Any, str]:
+    """OLS of outcome on a constant and numeric regressors, errors clustered by user when there
+    are enough users, else HC1."""
+    import statsmodels.api as sm
 
-
-def _robust_fit(formula: str, frame: pd.DataFrame) -> tuple[Any, str]:
-    """OLS with errors clustered by user when there are enough users, else HC1."""
-    import statsmodels.formula.api as smf
-
-    model = smf.ols(formula, frame)
+    exog = frame[list(regressors)].astype("float64")
+    exog.insert(0, "const", 1.0)
+    model = sm.OLS(frame[outcome].astype("float64"), exog)
     users = frame["user_id"].nunique() if "user_id" in frame else 0
     if users >= 50:
         groups = pd.factorize(frame["user_id"])[0]
@@ -401,12 +432,10 @@ def _robust_fit(formula: str, frame: pd.DataFrame) -> tuple[Any, str]:
 
 
 def fit_ols(
-    frame: pd.DataFrame, outcome: str, covariates: Sequence[str], key: str, label: str
+    frame: pd.DataFrame, outcome: str, adjustment: Sequence[str], key: str, label: str
 ) -> EffectEstimate:
-    """The latency coefficient of `outcome ~ latency + covariates` with a robust 95 % CI."""
-    # Column names come from the fixed constants above, never from input.
-    formula = " + ".join([f"{outcome} ~ {TREATMENT}", *_terms(covariates)])
-    fit, method = _robust_fit(formula, frame)
+    """The latency coefficient of `outcome ~ latency + adjustment` with a robust 95 % CI."""
+    fit, method = _robust_fit(frame, outcome, [TREATMENT, *adjustment])
     low, high = (float(v) for v in fit.conf_int(alpha=0.05).loc[TREATMENT])
     return EffectEstimate(
         key=key, label=label, outcome=outcome,
@@ -442,17 +471,18 @@ def _quiet_dowhy() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _dowhy_model(frame: pd.DataFrame, covariates: Sequence[str]) -> Any:
+def _dowhy_model(frame: pd.DataFrame, confounders: Sequence[str], precision: Sequence[str]) -> Any:
+    """A CausalModel over the graph of `causal_graph`, device type as its indicator columns."""
     import networkx as nx
     from dowhy import CausalModel
 
-    columns = [TREATMENT, OUTCOME, MEDIATOR, *covariates]
-    data = frame[columns].copy()
-    if "device_type" in covariates:
-        data["device_type"] = data["device_type"].astype("category")
-    graph = nx.DiGraph(causal_graph(covariates))
+    edges = [(TREATMENT, MEDIATOR), (MEDIATOR, OUTCOME)]
+    edges += [(c, node) for c in confounders for node in (TREATMENT, OUTCOME)]
+    edges += [(p, OUTCOME) for p in precision]
+    columns = [TREATMENT, OUTCOME, MEDIATOR, *confounders, *precision]
+    graph = nx.DiGraph(edges)
     graph.add_nodes_from(columns)
-    return CausalModel(data=data, treatment=TREATMENT, outcome=OUTCOME, graph=graph)
+    return CausalModel(data=frame[columns], treatment=TREATMENT, outcome=OUTCOME, graph=graph)
 
 
 def _backdoor(model: Any) -> tuple[Any, Any]:
@@ -485,7 +515,7 @@ class CausalResult:
 
 
 def estimate_causal_effect(
-    frame: pd.DataFrame, covariates: Sequence[str], robust: EffectEstimate, options: ImpactOptions
+    prepared: PreparedSessions, robust: EffectEstimate, options: ImpactOptions
 ) -> CausalResult:
     """DoWhy: graph, identification, back-door and front-door estimates, and refutations.
 
@@ -493,8 +523,9 @@ def estimate_causal_effect(
     DoWhy's homoscedastic one for the headline (both are kept in the report).
     """
     notes: list[str] = []
+    frame = prepared.frame
     with _quiet_dowhy():
-        model = _dowhy_model(frame, covariates)
+        model = _dowhy_model(frame, prepared.confounders, prepared.precision)
         estimand, estimate = _backdoor(model)
         dowhy_ci = np.asarray(estimate.get_confidence_intervals(), dtype=float).ravel()
         dowhy_se = float(np.asarray(estimate.get_standard_error(), dtype=float).ravel()[0])
@@ -521,7 +552,7 @@ def estimate_causal_effect(
         except Exception as exc:  # the second estimator is a cross-check; say why it is missing
             frontdoor = None
             notes.append(f"The front-door estimator could not run: {exc}")
-        refutations = _refute(frame, covariates, options)
+        refutations = _refute(prepared, options)
     return CausalResult(backdoor, frontdoor, refutations, identification, notes)
 
 
@@ -543,8 +574,8 @@ def _frontdoor(model: Any, frame: pd.DataFrame) -> EffectEstimate:
         treatment_value=1,
         effect_modifiers=[],
     )
-    first, _ = _robust_fit(" + ".join([f"{MEDIATOR} ~ {TREATMENT}", *_terms(first_set)]), frame)
-    second, method = _robust_fit(" + ".join([f"{OUTCOME} ~ {MEDIATOR}", *_terms(second_set)]), frame)
+    first, _ = _robust_fit(frame, MEDIATOR, [TREATMENT, *first_set])
+    second, method = _robust_fit(frame, OUTCOME, [MEDIATOR, *second_set])
     a, se_a = float(first.params[TREATMENT]), float(first.bse[TREATMENT])
     b, se_b = float(second.params[MEDIATOR]), float(second.bse[MEDIATOR])
     value = float(estimate.value)
@@ -566,16 +597,16 @@ def _largest_set(candidates: dict[str, list[str]]) -> list[str]:
     return options[0] if options else []
 
 
-def _refute(frame: pd.DataFrame, covariates: Sequence[str], options: ImpactOptions) -> list[Refutation]:
+def _refute(prepared: PreparedSessions, options: ImpactOptions) -> list[Refutation]:
     """Placebo, random common cause and data subset against the back-door estimate."""
-    sample = frame
+    frame = sample = prepared.frame
     if len(frame) > options.max_refutation_sessions:
         # Refutations refit the model many times; a seeded sample keeps them affordable and
         # the criterion below uses that sample's own standard error.
         sample = frame.sample(n=options.max_refutation_sessions, random_state=options.seed)
         sample = sample.reset_index(drop=True)
-    reference = fit_ols(sample, OUTCOME, covariates, "refutation_reference", "")
-    model = _dowhy_model(sample, covariates)
+    reference = fit_ols(sample, OUTCOME, prepared.adjustment, "refutation_reference", "")
+    model = _dowhy_model(sample, prepared.confounders, prepared.precision)
     _, estimate = _backdoor(model)
     original = float(estimate.value)
     tolerance = Z95 * reference.std_error
@@ -775,10 +806,11 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
             notes=notes, headline=f"Insufficient data: {reason}. Nothing causal can be concluded.",
         )
 
+    adjustment = prepared.adjustment
     naive = fit_ols(frame, OUTCOME, [], "naive", "Naive (GMV on latency alone)")
-    ols = fit_ols(frame, OUTCOME, covariates, "ols", "OLS adjusted for " + _listed(covariates))
-    length = fit_ols(frame, MEDIATOR, covariates, "ols_session_length", "OLS session length")
-    causal = estimate_causal_effect(frame, covariates, ols, options)
+    ols = fit_ols(frame, OUTCOME, adjustment, "ols", "OLS adjusted for " + _listed(covariates))
+    length = fit_ols(frame, MEDIATOR, adjustment, "ols_session_length", "OLS session length")
+    causal = estimate_causal_effect(prepared, ols, options)
     notes += causal.notes
     estimates = [naive, ols, causal.backdoor] + ([causal.frontdoor] if causal.frontdoor else [])
 

@@ -37,15 +37,17 @@ WINDOW = ImpactWindow(start=START, end=END)
 def session_frame(config: TrafficConfig) -> pd.DataFrame:
     """What logstore.impact.read_session_outcomes returns, computed with pandas instead."""
     traffic = simulate_traffic(config, START, END)
-    per = traffic.logs.groupby("session_id").agg(
+    logs = traffic.logs.assign(failed=traffic.logs["status"] >= 500)
+    grouped = logs.groupby("session_id")
+    per = grouped.agg(
         requests=("latency_ms", "size"),
-        failed_requests=("status", lambda s: int((s >= 500).sum())),
+        failed_requests=("failed", "sum"),
         latency_mean_ms=("latency_ms", "mean"),
-        latency_p95_ms=("latency_ms", lambda s: s.quantile(0.95)),
         model_version=("model_version", "first"),
         slot=("slot", "first"),
         versions_seen=("model_version", "nunique"),
     )
+    per["latency_p95_ms"] = grouped["latency_ms"].quantile(0.95)
     return traffic.sessions.join(per, on="session_id", how="inner").reset_index(drop=True)
 
 
@@ -110,8 +112,18 @@ def test_one_level_covariate_is_dropped_with_a_note():
     frame = session_frame(TrafficConfig(n_sessions=400, seed=1))
     frame["device_type"] = "ios"
     prepared = prepare_sessions(frame)
-    assert prepared.covariates == ["user_age"]
+    assert prepared.covariates == ["user_age"] and prepared.adjustment == ["user_age"]
     assert any("device_type has a single value (ios)" in n for n in prepared.notes)
+
+
+def test_device_type_becomes_indicators_against_a_reference_level():
+    frame = session_frame(TrafficConfig(n_sessions=400, seed=1))
+    prepared = prepare_sessions(frame)
+    assert prepared.confounders == ["device_ios", "device_web"]  # android is the reference
+    assert prepared.adjustment == ["device_ios", "device_web", "user_age"]
+    ios = prepared.frame["device_type"] == "ios"
+    assert (prepared.frame.loc[ios, "device_ios"] == 1).all()
+    assert (prepared.frame.loc[~ios, "device_ios"] == 0).all()
 
 
 def test_rows_with_missing_values_are_excluded_and_counted():
@@ -145,7 +157,8 @@ def test_ols_recovers_an_exact_linear_slope():
         20 - 0.1 * frame["latency_mean_ms"] + 0.5 * frame["user_age"]
         + np.where(frame["device_type"] == "ios", 10.0, 0.0) + rng.normal(0, 1, n)
     )
-    fit = fit_ols(frame, "gmv", ["device_type", "user_age"], "ols", "OLS")
+    frame["device_ios"] = (frame["device_type"] == "ios").astype(float)
+    fit = fit_ols(frame, "gmv", ["device_ios", "user_age"], "ols", "OLS")
     assert fit.covers(-0.1) and fit.ci_high - fit.ci_low < 0.01
     assert fit.interval_method == "cluster-robust (user)" and fit.n == n
 

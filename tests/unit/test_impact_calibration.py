@@ -26,8 +26,9 @@ def _estimates(effect: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         config = TrafficConfig(n_sessions=2_000, seed=10_000 + seed, gmv_per_ms=effect)
         traffic = simulate_traffic(config, START, START + timedelta(hours=6))
         latency = traffic.logs.groupby("session_id")["latency_ms"].mean().rename("latency_mean_ms")
-        frame = prepare_sessions(traffic.sessions.join(latency, on="session_id")).frame
-        fit = fit_ols(frame, "gmv", ["device_type", "user_age"], "ols", "OLS")
+        prepared = prepare_sessions(traffic.sessions.join(latency, on="session_id"))
+        frame = prepared.frame
+        fit = fit_ols(frame, "gmv", prepared.adjustment, "ols", "OLS")
         naive = fit_ols(frame, "gmv", [], "naive", "naive")
         values.append(fit.value)
         covered.append(fit.covers(effect))

@@ -57,8 +57,8 @@ def empty_report() -> ImpactReport:
     return analyse_impact(data_for(empty_session_outcomes(), JoinCoverage(0, 0, 0, 0, 0, 0)), SMALL)
 
 
-def test_html_is_self_contained_with_one_png_per_figure(report):
-    page = render_html(report)
+def test_html_is_self_contained_with_one_png_per_figure(report, rendered):
+    page = rendered[0].read_text()
     figures = build_figures(report)
     assert set(figures) == {
         "latency_by_version", "gmv_by_latency", "session_length_by_latency",
@@ -73,8 +73,8 @@ def test_html_is_self_contained_with_one_png_per_figure(report):
         assert needed in page
 
 
-def test_json_is_strict_and_carries_every_plotted_number(report):
-    document = json.loads(render_json(report), parse_constant=lambda c: pytest.fail(c))
+def test_json_is_strict_and_carries_every_plotted_number(report, rendered):
+    document = json.loads(rendered[1].read_text(), parse_constant=lambda c: pytest.fail(c))
     figures = document["figures"]
     assert figures == json.loads(json.dumps(build_figures(report)))
     plotted = {e["key"]: e["value"] for e in figures["effect_estimates"]["estimates"]}
@@ -113,17 +113,19 @@ def _publish(store: ModelStore, version: str) -> None:
                                   lineage_id=str(lineage)))
 
 
-def _files(tmp_path: Path, report: ImpactReport) -> tuple[Path, Path]:
-    html_path, json_path = tmp_path / "r.html", tmp_path / "r.json"
+@pytest.fixture(scope="module")
+def rendered(report, tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("rendered")
+    html_path, json_path = folder / "r.html", folder / "r.json"
     html_path.write_text(render_html(report))
     json_path.write_text(render_json(report))
     return html_path, json_path
 
 
-def test_report_is_filed_under_its_version_with_verifiable_blobs(report, tmp_path):
+def test_report_is_filed_under_its_version_with_verifiable_blobs(report, rendered, tmp_path):
     store = _store(tmp_path)
     _publish(store, "rel-1")
-    stored = store_report_files(store, report, *_files(tmp_path, report), attach_to="rel-1")
+    stored = store_report_files(store, report, *rendered, attach_to="rel-1")
     assert stored.record_key.startswith("versions/rel-1/attachments/impact-report/")
     assert list_impact_reports(store, "rel-1") == [stored]
     assert list_impact_reports(store) == []
@@ -135,9 +137,9 @@ def test_report_is_filed_under_its_version_with_verifiable_blobs(report, tmp_pat
     assert "rel-1" in store.list_versions()  # the record does not disturb the version listing
 
 
-def test_unattached_report_goes_under_reports_and_markdown_links_it(report, tmp_path):
+def test_unattached_report_goes_under_reports_and_markdown_links_it(report, rendered, tmp_path):
     store = _store(tmp_path)
-    stored = store_report_files(store, report, *_files(tmp_path, report), attach_to=None)
+    stored = store_report_files(store, report, *rendered, attach_to=None)
     assert list_impact_reports(store) == [stored]
     markdown = render_markdown(report, stored)
     assert report.headline in markdown
@@ -145,8 +147,8 @@ def test_unattached_report_goes_under_reports_and_markdown_links_it(report, tmp_
     assert "95 % CI" in markdown and "GMV per day per +100 ms" in markdown
 
 
-def test_report_never_attaches_to_a_missing_version(report, tmp_path):
+def test_report_never_attaches_to_a_missing_version(report, rendered, tmp_path):
     store = _store(tmp_path)
     with pytest.raises(VersionNotFound):
-        store_report_files(store, report, *_files(tmp_path, report), attach_to="no-such")
+        store_report_files(store, report, *rendered, attach_to="no-such")
     assert store.backend.list_keys("blobs/") == []  # nothing half-stored
