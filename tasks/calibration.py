@@ -26,7 +26,7 @@ from relay.features import LABEL, to_model_input
 from relay.settings import Settings
 from relay.types import BlobRef, GateResult, Verdict, VersionManifest
 from tasks.compilation import run_engine
-from tasks.data import DataLimits, failure_message, validate_frame, window_ending
+from tasks.data import DataLimits, TrainingWindow, failure_message, validate_frame
 from tasks.training import auc, logloss
 
 BLESSED = "blessed"
@@ -239,11 +239,16 @@ def save_report(store: ModelStore, report: CalibrationReport) -> CalibrationRepo
     return report
 
 
-def sample_calibration_frame(settings: Settings, days: float, rows: int) -> pd.DataFrame:
-    """A deterministic sample of labelled events from the last `days`."""
-    window = window_ending(None, days)
+def holdout_period(window: TrainingWindow, fraction: float = 0.1) -> TrainingWindow:
+    """The latest `fraction` of a window: the part the first model did not train on."""
+    return TrainingWindow(start=window.end - (window.end - window.start) * fraction, end=window.end)
+
+
+def sample_calibration_frame(settings: Settings, window: TrainingWindow, rows: int) -> pd.DataFrame:
+    """A deterministic sample of labelled events from the window's holdout period."""
+    period = holdout_period(window)
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    return sample_window(client, window.start, window.end, rows)
+    return sample_window(client, period.start, period.end, rows)
 
 
 def score_version(
@@ -255,10 +260,10 @@ def score_version(
     return run_engine(path, x)
 
 
-def _validated(frame: pd.DataFrame, days: float) -> pd.DataFrame:
+def _validated(frame: pd.DataFrame, window: TrainingWindow) -> pd.DataFrame:
     report = validate_frame(frame, DataLimits(min_rows=min(len(frame), 1_000) or 1))
     if not report.success:
-        message = failure_message(report, window_ending(None, days))
+        message = failure_message(report, window)
         raise GateFailed(message.replace("training window", "calibration set from window"))
     return frame
 
@@ -272,7 +277,7 @@ def _current_calibration_ref(store: ModelStore) -> BlobRef | None:
 
 @task(name="ensure-calibration-set", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def ensure_calibration_set(
-    settings: Settings, workdir: Path, days: float = 7.0, rows: int = 20_000
+    settings: Settings, workdir: Path, window: TrainingWindow, rows: int = 20_000
 ) -> tuple[BlobRef, pd.DataFrame]:
     """The fixed calibration set: sampled once from events, then reused by hash every release.
 
@@ -282,16 +287,15 @@ def ensure_calibration_set(
     ref = _current_calibration_ref(store)
     if ref is None:
         path = workdir / "calibration.parquet"
-        _validated(sample_calibration_frame(settings, days, rows), days).to_parquet(
-            path, index=False
-        )
+        frame = _validated(sample_calibration_frame(settings, window, rows), window)
+        frame.to_parquet(path, index=False)
         created = store.put_blob(path)
         pointer = created.model_dump_json().encode()
         # create-if-absent: a concurrent first release may have fixed the set already
         store.backend.put_bytes(CALIBRATION_POINTER, pointer, exclusive=True)
         ref = _current_calibration_ref(store) or created
     path = store.fetch_blob(ref, workdir / f"calibration-{ref.sha256[:12]}.parquet")
-    return ref, _validated(pd.read_parquet(path), days)
+    return ref, _validated(pd.read_parquet(path), window)
 
 
 @task(name="assess-calibration", cache_policy=NO_CACHE)

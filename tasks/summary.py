@@ -7,6 +7,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+import logstore
+from logstore.release_events import ReleaseEvent, events_of_release, record_event
+from relay.settings import Settings
+from tasks.canary import Release
 from tasks.compilation import CompileOutcome
 from tasks.lineage import LineageRecord
 from tasks.registry import Registration
@@ -24,6 +28,10 @@ class ReleaseSummary(BaseModel):
     mlflow_run_id: str
     mlflow_model_version: str
     newly_published: bool
+    outcome: str = (
+        "registered"  # registered | blessed | not_deployed | promoted | rolled_back | unchanged
+    )
+    reason: str = ""
 
 
 def render_markdown(summary: ReleaseSummary, record: LineageRecord) -> str:
@@ -83,3 +91,33 @@ def publish_release_summary(
         description=f"Candidate {summary.lineage_id}",
     )
     return summary
+
+
+@task(name="finish-release", cache_policy=NO_CACHE)
+def finish_release(
+    settings: Settings, summary: ReleaseSummary, release: Release, outcome: str, reason: str
+) -> ReleaseSummary:
+    """Record how the release ended, in ClickHouse and as the run's outcome artifact."""
+    ended = summary.model_copy(update={"outcome": outcome, "reason": reason})
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    events = events_of_release(client, release.release_id)
+    record_event(
+        client,
+        ReleaseEvent(
+            release.release_id, release.version, release.lineage_id, "outcome", outcome, reason
+        ),
+    )
+    lines = [
+        f"# Release {outcome.replace('_', ' ')}",
+        "",
+        f"**{release.version}**: {reason}",
+        "",
+        "| time | kind | verdict | reason |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {e.ts:%H:%M:%S} | {e.kind} | {e.verdict} | {e.reason} |" for e in events]
+    create_markdown_artifact(
+        key="release-outcome", markdown="\n".join(lines), description=f"{outcome}: {reason}"
+    )
+    print(f"release {release.version}: {outcome} ({reason})")
+    return ended

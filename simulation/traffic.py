@@ -1,0 +1,197 @@
+"""Live traffic for the embedded setup: shoppers calling the serving fleet during a canary.
+
+Each simulated session sends a few predict requests (20 candidates from the shop) to the fleet,
+paced to a target rate and bounded in count and time. The latency each shopper experiences is
+measured on the client, and their session's length, orders and GMV are drawn from it by
+`simulation.sessions.session_outcomes`, so GMV responds to real serving latency. In production
+this module is off: the flow reads real traffic.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import httpx
+import numpy as np
+import pandas as pd
+
+from serving.schema import CONTEXT_FIELDS, ITEM_FIELDS, SESSION_FIELDS, USER_FIELDS
+from simulation.sessions import session_outcomes
+from simulation.shop import DEVICES, ShopConfig, generate_events
+
+
+@dataclass(frozen=True)
+class LiveTraffic:
+    """How hard and how long to drive the fleet. Both limits stop the driver by themselves."""
+
+    rate_rps: float = 40.0
+    duration_s: float = 15.0
+    max_requests: int = 20_000
+    candidates: int = 20
+    requests_per_session: int = 4
+    concurrency: int = 8
+    gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate_rps <= 5_000:
+            raise ValueError(f"rate_rps must be in (0, 5000], got {self.rate_rps}")
+        if not 0 < self.duration_s <= 3_600:
+            raise ValueError(f"duration_s must be in (0, 3600], got {self.duration_s}")
+
+
+@dataclass
+class TrafficReport:
+    """What the driver sent and saw."""
+
+    requests: int = 0
+    failed: int = 0  # transport errors and non-200 answers
+    by_slot: dict[str, int] = field(default_factory=dict)
+    sessions: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def _request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
+    """Group consecutive events into home-feed requests that share user, session and context."""
+    bodies = []
+    for start in range(0, len(events) - candidates + 1, candidates):
+        rows = events.iloc[start : start + candidates]
+        first = rows.iloc[0]
+        bodies.append(
+            {
+                "user": {
+                    f: float(first[f]) if f != "user_id" else int(first[f]) for f in USER_FIELDS
+                },
+                "session": {f: float(first[f]) for f in SESSION_FIELDS},
+                "context": {f: int(first[f]) for f in CONTEXT_FIELDS},
+                "candidates": [
+                    {
+                        f: (
+                            int(v)
+                            if f in ("item_id", "category_id", "brand_id", "position")
+                            else float(v)
+                        )
+                        for f, v in zip(ITEM_FIELDS, values, strict=True)
+                    }
+                    for values in rows[list(ITEM_FIELDS)].itertuples(index=False)
+                ],
+            }
+        )
+    return bodies
+
+
+def drive(
+    urls: Sequence[str], traffic: LiveTraffic, shop: ShopConfig | None = None
+) -> TrafficReport:
+    """Send paced predict requests round-robin to `urls`; return what happened per session."""
+    if not urls:
+        raise ValueError("no serving worker URLs to drive traffic to")
+    n_requests = min(traffic.max_requests, max(1, int(traffic.rate_rps * traffic.duration_s)))
+    events = generate_events(
+        shop or ShopConfig(),
+        n_requests * traffic.candidates,
+        datetime.now(UTC),
+        days=0.05,
+        chunk=traffic.seed,
+    )
+    bodies = _request_bodies(events, traffic.candidates)
+    run = uuid.uuid4().hex[:8]
+    session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
+    for body, session_id in zip(bodies, session_of, strict=True):
+        body["session"]["session_id"] = session_id
+
+    latencies = np.full(len(bodies), np.nan)
+    slots: list[str | None] = [None] * len(bodies)
+    lock = threading.Lock()
+    next_index = 0
+    started = time.monotonic()
+    deadline = started + traffic.duration_s
+    interval = 1.0 / traffic.rate_rps
+
+    def worker(client: httpx.Client) -> None:
+        nonlocal next_index
+        while True:
+            with lock:
+                i = next_index
+                next_index += 1
+            if i >= len(bodies):
+                return
+            due = started + i * interval  # open-loop pacing: a slow answer does not slow arrivals
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            if time.monotonic() > deadline:
+                return
+            sent = time.perf_counter()
+            try:
+                response = client.post(f"{urls[i % len(urls)]}/v1/predict", json=bodies[i])
+                if response.status_code == 200:
+                    latencies[i] = (time.perf_counter() - sent) * 1000
+                    slots[i] = response.json()["slot"]
+            except httpx.HTTPError:
+                pass
+
+    with ThreadPoolExecutor(traffic.concurrency) as pool:
+        clients = [httpx.Client(timeout=10.0) for _ in range(traffic.concurrency)]
+        try:
+            list(pool.map(worker, clients))
+        finally:
+            for c in clients:
+                c.close()
+
+    sent_mask = np.arange(len(bodies)) < min(next_index, len(bodies))
+    report = TrafficReport(requests=int(sent_mask.sum()))
+    report.failed = int((sent_mask & np.isnan(latencies)).sum())
+    for slot in slots:
+        if slot is not None:
+            report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
+    report.sessions = _sessions(bodies, session_of, latencies, traffic)
+    return report
+
+
+def _sessions(
+    bodies: list[dict], session_of: list[str], latencies: np.ndarray, traffic: LiveTraffic
+) -> pd.DataFrame:
+    """One user_sessions row per session that got at least one answer."""
+    frame = pd.DataFrame(
+        {
+            "session_id": session_of,
+            "user_id": [b["user"]["user_id"] for b in bodies],
+            "user_age": [b["user"]["user_age"] for b in bodies],
+            "device": [b["context"]["device_type"] for b in bodies],
+            "latency_ms": latencies,
+        }
+    ).dropna(subset=["latency_ms"])
+    if frame.empty:
+        return frame
+    per = frame.groupby("session_id", sort=True).agg(
+        user_id=("user_id", "first"),
+        user_age=("user_age", "first"),
+        device=("device", "first"),
+        latency_ms=("latency_ms", "mean"),
+    )
+    rng = np.random.default_rng(traffic.seed)
+    outcomes = session_outcomes(
+        per["latency_ms"].to_numpy(),
+        per["device"].to_numpy(),
+        per["user_age"].to_numpy(),
+        rng,
+        traffic.gmv_per_ms,
+    )
+    return pd.DataFrame(
+        {
+            "session_id": per.index.to_numpy(),
+            "user_id": per["user_id"].to_numpy().astype(np.uint64),
+            "started_at": pd.Timestamp.now(tz="UTC"),
+            "user_age": per["user_age"].to_numpy().astype(np.float32),
+            "device_type": np.asarray(DEVICES, dtype=object)[per["device"].to_numpy().astype(int)],
+            "session_length_s": outcomes.session_length_s.astype(np.float32),
+            "orders": outcomes.orders.astype(np.uint16),
+            "gmv": outcomes.gmv,
+        }
+    )
