@@ -51,6 +51,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow  # trains and publishes the session's real version if nothing else did
 def test_lineage_show_prints_the_four_parts_of_a_real_version_and_where_each_came_from(
     published_version, configure, tmp_path: Path, capsys
 ):

@@ -74,6 +74,7 @@ print(json.dumps({"size": ref.size, "put_peak": put_peak, "get_peak": get_peak})
 """
 
 
+@pytest.mark.slow  # 64 MiB through a child process per backend
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_large_blob_streams_in_parts_without_holding_it_in_memory(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
