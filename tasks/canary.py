@@ -394,16 +394,24 @@ def previous_blessed(history: list[str | None], current: str | None) -> str | No
 
 @task(name="choose-rollback-target", cache_policy=NO_CACHE)
 def choose_rollback_target(
-    settings: Settings, target_version: str | None
-) -> tuple[str | None, str]:
-    """(target, current champion): the named version, or the last blessed one before the champion."""
+    settings: Settings, target_version: str | None, release_id: str
+) -> Release | None:
+    """The named version, or the last blessed one before the champion; None if there is none.
+
+    Rollback only ever targets a blessed version: a named one without a blessing is refused.
+    """
     store = open_store(settings)
-    champion = store.get_alias(CHAMPION)
     if target_version:
-        store.get_manifest(target_version)  # raises VersionNotFound naming it
-        return target_version, champion or ""
+        manifest = store.get_manifest(target_version)  # raises VersionNotFound naming it
+        report = load_report(store, target_version)
+        if report is None or not report.blessed:
+            raise GateFailed(f"refusing to roll back to {target_version}: it was never blessed")
+        return Release(release_id, target_version, manifest.lineage_id)
     history = [e.version for e in store.alias_history(BLESSED)]
-    return previous_blessed(history, champion), champion or ""
+    target = previous_blessed(history, store.get_alias(CHAMPION))
+    if target is None:
+        return None
+    return Release(release_id, target, store.get_manifest(target).lineage_id)
 
 
 @task(name="roll-back-champion", cache_policy=NO_CACHE)

@@ -1,0 +1,59 @@
+"""release_guard: after promotion, watch the champion and roll back when the rules say so."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from prefect import flow
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from relay.settings import get_settings
+from relay.types import GateResult, Verdict
+from tasks.canary import choose_rollback_target, roll_back_champion
+from tasks.guard import (
+    GuardLimits,
+    assess_champion_quality,
+    assess_champion_slo,
+    decide_guard,
+    read_champion,
+    report_no_rollback_target,
+)
+from tasks.workdir import run_workdir
+
+
+@flow(name="release-guard", log_prints=True)
+def release_guard(
+    window_minutes: Annotated[float, Field(gt=0, le=24 * 60)] = 10.0,
+    recent_hours: Annotated[float, Field(gt=0, le=24 * 30)] = 24.0,
+    slo_p95_ms: Annotated[float, Field(gt=0)] = 300.0,
+    slo_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.01,
+    min_requests: Annotated[int, Field(ge=1)] = 200,
+    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = 0.02,
+    min_traffic_share: Annotated[float, Field(ge=0, le=1)] = 0.3,
+) -> GateResult:
+    """Check the champion's live SLO and quality; roll back to the previous blessed version on failure."""
+    settings = get_settings()
+    limits = GuardLimits(slo_p95_ms, slo_error_rate, min_requests, max_auc_drop, min_traffic_share)
+    champion = read_champion(settings, f"guard-{flow_run.id}")
+    if champion is None:
+        return GateResult(
+            gate="guard", verdict=Verdict.inconclusive, reason="no champion yet: nothing to guard"
+        )
+    live = assess_champion_slo(settings, champion, window_minutes, limits)
+    quality = assess_champion_quality(
+        settings,
+        champion,
+        recent_hours,
+        live.measurements.get("traffic_share", 0.0),
+        limits,
+        run_workdir(settings),
+    )
+    decision = decide_guard(settings, champion, live, quality)
+    if decision.verdict is not Verdict.failed:
+        return decision
+    target = choose_rollback_target(settings, None, champion.release_id)
+    if target is None:
+        return report_no_rollback_target(settings, champion, decision)
+    roll_back_champion(settings, target, f"release guard: {decision.reason}", "release-guard")
+    return decision

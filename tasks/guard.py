@@ -1,0 +1,246 @@
+"""The release guard: after promotion, is the champion still healthy and still good?
+
+Rules (the seed's): roll back to the previous blessed version when the champion's live SLO is
+breached over the window, or when its AUC on fresh labelled events has dropped by more than the
+limit against the baseline AND it carries more than the traffic-share limit AND it fails the
+calibration check. Too little evidence is `inconclusive` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+import logstore
+from logstore.events import sample_window
+from logstore.slo import SlotStats, query_slot_stats
+from logstore.spool import ingest_spool
+from model_store import open_store
+from relay.features import LABEL, to_model_input
+from relay.settings import Settings
+from relay.types import BlobRef, GateResult, Verdict
+from tasks.calibration import BLESSED, CalibrationThresholds, assess_calibration, score_version
+from tasks.canary import CHAMPION, Release, previous_blessed, record
+
+
+@dataclass(frozen=True)
+class GuardLimits:
+    """When the guard acts."""
+
+    max_p95_ms: float = 300.0
+    max_error_rate: float = 0.01
+    min_requests: int = 200
+    max_auc_drop: float = 0.02
+    min_traffic_share: float = 0.3
+    min_labelled_events: int = 2_000
+
+
+def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardLimits) -> GateResult:
+    """The champion's live latency and errors (stable slot) against the absolute SLOs."""
+    rows = [s for s in stats if s.slot == "stable" and s.model_version == champion]
+    served = sum(s.requests for s in rows)
+    total = sum(s.requests for s in stats)
+    measured = {"requests": float(served), "traffic_share": served / total if total else 0.0}
+    thresholds = {
+        "max_p95_ms": limits.max_p95_ms,
+        "max_error_rate": limits.max_error_rate,
+        "min_requests": float(limits.min_requests),
+    }
+    if served < limits.min_requests:
+        return GateResult(
+            gate="live_slo",
+            verdict=Verdict.inconclusive,
+            reason=f"champion served {served} requests, fewer than {limits.min_requests}",
+            measurements=measured,
+            thresholds=thresholds,
+        )
+    top = max(rows, key=lambda s: s.requests)
+    measured |= {"p95_ms": top.p95_ms, "error_rate": top.error_rate}
+    breaches = []
+    if top.p95_ms > limits.max_p95_ms:
+        breaches.append(f"live P95 {top.p95_ms:.1f} ms > {limits.max_p95_ms:g} ms")
+    if top.error_rate > limits.max_error_rate:
+        breaches.append(f"live error rate {top.error_rate:.2%} > {limits.max_error_rate:.2%}")
+    if breaches:
+        return GateResult(
+            gate="live_slo",
+            verdict=Verdict.failed,
+            reason="; ".join(breaches),
+            measurements=measured,
+            thresholds=thresholds,
+        )
+    return GateResult(
+        gate="live_slo",
+        verdict=Verdict.passed,
+        reason=f"live P95 {top.p95_ms:.1f} ms, errors {top.error_rate:.2%}",
+        measurements=measured,
+        thresholds=thresholds,
+    )
+
+
+def quality_rule(
+    auc_drop: float, traffic_share: float, calibration_blessed: bool, limits: GuardLimits
+) -> GateResult:
+    """Fail only when all three hold: AUC dropped, the champion carries real traffic, calibration fails."""
+    measured = {
+        "auc_drop": auc_drop,
+        "traffic_share": traffic_share,
+        "calibration_blessed": float(calibration_blessed),
+    }
+    thresholds = {
+        "max_auc_drop": limits.max_auc_drop,
+        "min_traffic_share": limits.min_traffic_share,
+    }
+    if (
+        auc_drop > limits.max_auc_drop
+        and traffic_share > limits.min_traffic_share
+        and not calibration_blessed
+    ):
+        return GateResult(
+            gate="quality",
+            verdict=Verdict.failed,
+            reason=f"AUC dropped {auc_drop:.3f} > {limits.max_auc_drop:g} on {traffic_share:.0%} of traffic and calibration fails",
+            measurements=measured,
+            thresholds=thresholds,
+        )
+    return GateResult(
+        gate="quality",
+        verdict=Verdict.passed,
+        reason=f"AUC drop {auc_drop:.3f}, traffic share {traffic_share:.0%}, calibration {'passes' if calibration_blessed else 'fails'}: not all rollback conditions hold",
+        measurements=measured,
+        thresholds=thresholds,
+    )
+
+
+def decide(live: GateResult, quality: GateResult) -> GateResult:
+    """Roll back (failed) if either rule fails; otherwise passed or inconclusive."""
+    failed = [g for g in (live, quality) if g.verdict is Verdict.failed]
+    if failed:
+        return GateResult(
+            gate="guard",
+            verdict=Verdict.failed,
+            reason="; ".join(f"{g.gate}: {g.reason}" for g in failed),
+        )
+    if Verdict.passed in (live.verdict, quality.verdict):
+        return GateResult(
+            gate="guard",
+            verdict=Verdict.passed,
+            reason=f"live: {live.reason}; quality: {quality.reason}",
+        )
+    return GateResult(
+        gate="guard",
+        verdict=Verdict.inconclusive,
+        reason=f"live: {live.reason}; quality: {quality.reason}",
+    )
+
+
+@task(name="decide-guard", cache_policy=NO_CACHE)
+def decide_guard(
+    settings: Settings, champion: Release, live: GateResult, quality: GateResult
+) -> GateResult:
+    """The guard's decision, recorded."""
+    decision = decide(live, quality)
+    record(settings, champion, "guard", decision.verdict.value, decision.reason)
+    return decision
+
+
+@task(name="read-champion", cache_policy=NO_CACHE)
+def read_champion(settings: Settings, release_id: str) -> Release | None:
+    """The champion as a release to guard, or None before the first release."""
+    store = open_store(settings)
+    version = store.get_alias(CHAMPION)
+    if version is None:
+        return None
+    return Release(release_id, version, store.get_manifest(version).lineage_id)
+
+
+@task(name="assess-champion-slo", cache_policy=NO_CACHE)
+def assess_champion_slo(
+    settings: Settings, champion: Release, window_minutes: float, limits: GuardLimits
+) -> GateResult:
+    """Live SLO of the champion over the last `window_minutes` of inference logs."""
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    if settings.resolved_clickhouse_dsn.startswith("chdb://"):
+        ingest_spool(client, settings.resolved_spool_dir)
+    end = datetime.now(UTC)
+    gate = assess_live_slo(
+        query_slot_stats(client, end - timedelta(minutes=window_minutes), end),
+        champion.version,
+        limits,
+    )
+    record(
+        settings,
+        champion,
+        "guard_slo",
+        gate.verdict.value,
+        gate.reason,
+        measurements=gate.measurements,
+    )
+    return gate
+
+
+@task(name="assess-champion-quality", cache_policy=NO_CACHE)
+def assess_champion_quality(
+    settings: Settings,
+    champion: Release,
+    recent_hours: float,
+    traffic_share: float,
+    limits: GuardLimits,
+    workdir: Path,
+) -> GateResult:
+    """AUC and calibration of the champion vs the previous blessed version on fresh labelled events."""
+    store = open_store(settings)
+    baseline = previous_blessed([e.version for e in store.alias_history(BLESSED)], champion.version)
+    end = datetime.now(UTC)
+    frame = sample_window(
+        logstore.connect(settings.resolved_clickhouse_dsn),
+        end - timedelta(hours=recent_hours),
+        end,
+        50_000,
+    )
+    if baseline is None or len(frame) < limits.min_labelled_events:
+        why = (
+            "no previous blessed version to compare with"
+            if baseline is None
+            else f"{len(frame)} labelled events in the last {recent_hours:g} h, fewer than {limits.min_labelled_events}"
+        )
+        gate = GateResult(gate="quality", verdict=Verdict.inconclusive, reason=why)
+    else:
+        x, labels = to_model_input(frame), frame[LABEL].to_numpy().astype(np.int64)
+        champion_scores = score_version(store, store.get_manifest(champion.version), x, workdir)
+        baseline_scores = score_version(store, store.get_manifest(baseline), x, workdir)
+        report = assess_calibration(
+            champion.version,
+            labels,
+            champion_scores,
+            baseline,
+            baseline_scores,
+            BlobRef(sha256="0" * 64, size=len(frame)),
+            CalibrationThresholds(max_auc_drop=limits.max_auc_drop),
+        )
+        drop = report.baseline.auc - report.candidate.auc if report.baseline else 0.0
+        gate = quality_rule(drop, traffic_share, report.blessed, limits)
+    record(
+        settings,
+        champion,
+        "guard_quality",
+        gate.verdict.value,
+        gate.reason,
+        measurements=gate.measurements,
+    )
+    return gate
+
+
+@task(name="report-no-rollback-target", cache_policy=NO_CACHE)
+def report_no_rollback_target(
+    settings: Settings, champion: Release, decision: GateResult
+) -> GateResult:
+    """The guard wanted to roll back but no earlier blessed version exists: an `error`, recorded."""
+    reason = f"{decision.reason}; no previous blessed version to roll back to"
+    record(settings, champion, "guard", Verdict.error.value, reason)
+    return decision.model_copy(update={"verdict": Verdict.error, "reason": reason})
