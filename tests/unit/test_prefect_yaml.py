@@ -31,7 +31,7 @@ def test_work_pool_has_a_base_job_template(name):
 
 
 def test_expected_deployments_and_schedules():
-    assert {"retrain-and-release", "impact-report"} <= set(DEPLOYMENTS)
+    assert set(DEPLOYMENTS) == {"retrain-and-release", "rollback", "release-guard", "impact-report"}
     weekly = DEPLOYMENTS["retrain-and-release"]["schedules"][0]
     assert weekly["cron"] == "0 3 * * 1" and weekly["timezone"] == "UTC"
     assert DEPLOYMENTS["retrain-and-release"]["concurrency_limit"]["limit"] == 1
@@ -39,8 +39,8 @@ def test_expected_deployments_and_schedules():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"epochs": -1}, {"window_days": 0}, {"min_rows": 0}],
-    ids=["negative-epochs", "zero-window", "zero-min-rows"],
+    [{"epochs": -1}, {"window_days": 0}, {"min_rows": 0}, {"canary_steps": [-5]}, {"canary_steps": [5, 150]}, {"slo_p95_ms": 0}],
+    ids=["negative-epochs", "zero-window", "zero-min-rows", "negative-canary-weight", "weight-over-100", "zero-slo"],
 )
 def test_invalid_release_parameters_are_rejected_before_any_work(bad):
     flow = load_flow_from_entrypoint(str(ROOT / DEPLOYMENTS["retrain-and-release"]["entrypoint"]))
