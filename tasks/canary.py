@@ -31,7 +31,7 @@ from relay.types import GateResult, Verdict
 from serving.fleet import FleetClient, FleetResult
 from simulation.traffic import LiveTraffic, drive
 from tasks.aliases import move_alias
-from tasks.calibration import BLESSED, load_report
+from tasks.calibration import load_report
 from tasks.slo import SloThresholds, assess_slo, error_verdict
 
 CHAMPION = "champion"
@@ -245,6 +245,12 @@ def _window_stats(settings: Settings, start: datetime, end: datetime) -> list:
     return query_slot_stats(client, start, end)
 
 
+def unreachable_workers(settings: Settings) -> list[str]:
+    """URLs of workers that do not answer their admin API."""
+    with FleetClient.from_settings(settings) as fleet:
+        return [w.url for w in fleet.state().workers if w.status is None]
+
+
 @task(name="analyse-canary-step", cache_policy=NO_CACHE)
 def analyse_canary_step(
     settings: Settings,
@@ -277,6 +283,7 @@ def analyse_canary_step(
         else:
             time.sleep(window_s)
         end = datetime.now(UTC)
+        time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
         try:
             stats = _window_stats(settings, start, end)
         except Exception as exc:  # a failed query is evidence of nothing; count it
@@ -289,6 +296,14 @@ def analyse_canary_step(
         else:
             consecutive_errors = 0
             gate = assess_slo(stats, release.version, limits)
+        lost = unreachable_workers(settings)
+        if lost:  # a dead worker logs nothing, so its absence must be checked, not inferred
+            gate = GateResult(
+                gate="fleet",
+                verdict=Verdict.error,
+                reason=f"worker(s) unreachable mid-canary: {', '.join(lost)}",
+                measurements=gate.measurements,
+            )
         record(
             settings,
             release,
@@ -384,8 +399,8 @@ def record_rollback(settings: Settings, release: Release, gate: GateResult) -> f
     return rollback_ms
 
 
-def previous_blessed(history: list[str | None], current: str | None) -> str | None:
-    """The most recent blessed version other than `current`."""
+def previous_version(history: list[str | None], current: str | None) -> str | None:
+    """The most recent version in an alias's history other than `current`."""
     for version in reversed(history):
         if version is not None and version != current:
             return version
@@ -396,7 +411,7 @@ def previous_blessed(history: list[str | None], current: str | None) -> str | No
 def choose_rollback_target(
     settings: Settings, target_version: str | None, release_id: str
 ) -> Release | None:
-    """The named version, or the last blessed one before the champion; None if there is none.
+    """The named version, or the champion before the current one; None if there is none.
 
     Rollback only ever targets a blessed version: a named one without a blessing is refused.
     """
@@ -407,8 +422,10 @@ def choose_rollback_target(
         if report is None or not report.blessed:
             raise GateFailed(f"refusing to roll back to {target_version}: it was never blessed")
         return Release(release_id, target_version, manifest.lineage_id)
-    history = [e.version for e in store.alias_history(BLESSED)]
-    target = previous_blessed(history, store.get_alias(CHAMPION))
+    # Earlier champions were all blessed and all survived a canary; a version that was blessed
+    # but then failed its canary never held champion, so it is never a rollback target.
+    history = [e.version for e in store.alias_history(CHAMPION)]
+    target = previous_version(history, store.get_alias(CHAMPION))
     if target is None:
         return None
     return Release(release_id, target, store.get_manifest(target).lineage_id)

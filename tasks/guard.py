@@ -24,8 +24,8 @@ from model_store import open_store
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
 from relay.types import BlobRef, GateResult, Verdict
-from tasks.calibration import BLESSED, CalibrationThresholds, assess_calibration, score_version
-from tasks.canary import CHAMPION, Release, previous_blessed, record
+from tasks.calibration import CalibrationThresholds, assess_calibration, score_version
+from tasks.canary import CHAMPION, Release, previous_version, record
 
 
 @dataclass(frozen=True)
@@ -193,9 +193,11 @@ def assess_champion_quality(
     limits: GuardLimits,
     workdir: Path,
 ) -> GateResult:
-    """AUC and calibration of the champion vs the previous blessed version on fresh labelled events."""
+    """AUC and calibration of the champion vs the previous champion on fresh labelled events."""
     store = open_store(settings)
-    baseline = previous_blessed([e.version for e in store.alias_history(BLESSED)], champion.version)
+    baseline = previous_version(
+        [e.version for e in store.alias_history(CHAMPION)], champion.version
+    )
     end = datetime.now(UTC)
     frame = sample_window(
         logstore.connect(settings.resolved_clickhouse_dsn),
@@ -205,7 +207,7 @@ def assess_champion_quality(
     )
     if baseline is None or len(frame) < limits.min_labelled_events:
         why = (
-            "no previous blessed version to compare with"
+            "no previous champion to compare with"
             if baseline is None
             else f"{len(frame)} labelled events in the last {recent_hours:g} h, fewer than {limits.min_labelled_events}"
         )

@@ -43,6 +43,15 @@ def settings(relay_home: Path) -> Settings:
     return get_settings()
 
 
+@pytest.fixture(scope="session")
+def prefect_harness(relay_home: Path) -> Iterator[None]:
+    """One temporary Prefect server for every flow run in the session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
 @dataclass
 class PublishedVersion:
     """A small but real trained, exported, compiled and published model version."""
