@@ -371,11 +371,8 @@ def echo_server(port: int) -> None:
     """The worker's HTTP stack and request parsing, answering a constant."""
     import orjson
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
 
-    from serving.http import read_body
+    from serving.http import Receive, Scope, Send, read_body, send_json, with_predict
     from serving.schema import RequestRejected, decode_json
 
     constant = orjson.dumps(
@@ -388,14 +385,15 @@ def echo_server(port: int) -> None:
         }
     )
 
-    async def predict(request: Request) -> Response:
+    async def predict(scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            decode_json(await read_body(request, 1 << 20), 1000)
+            decode_json(await read_body(scope, receive, 1 << 20), 1000)
         except RequestRejected as exc:
-            return Response(orjson.dumps({"error": exc.code}), 400, media_type="application/json")
-        return Response(constant, media_type="application/json")
+            await send_json(send, exc.status, orjson.dumps({"error": exc.code}))
+            return
+        await send_json(send, 200, constant)
 
-    _serve_app(Starlette(routes=[Route("/v1/predict", predict, methods=["POST"])]), port, "echo")
+    _serve_app(with_predict(predict, Starlette()), port, "echo")
 
 
 def naive_server(port: int, weights: Path, params: dict[str, Any]) -> None:

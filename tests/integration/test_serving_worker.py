@@ -261,11 +261,18 @@ def test_admin_load_of_an_unknown_version_is_404_and_changes_nothing(
     assert not_json.status_code == 400 and not_json.json()["error"] == "bad_json"
 
 
+def test_unknown_paths_and_methods_get_json_errors(http: httpx.Client) -> None:
+    assert http.get("/v1/predict").status_code == 405
+    missing = http.get("/v2/nothing")
+    assert missing.status_code == 404 and missing.json()["error"] == "http_404"
+
+
 def test_health_readiness_and_metrics(http: httpx.Client) -> None:
     assert http.get("/healthz").json()["status"] == "ok"
     ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     http.post("/v1/predict", content=b"{")
+    assert http.post("/v1/predict", json=make_doc(n=3)).status_code == 200
     text = http.get("/metrics").text
     assert 'error_code="bad_json"' in text and "relay_requests_total" in text
     for name in (

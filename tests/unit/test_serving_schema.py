@@ -99,6 +99,9 @@ def test_field_groups_are_exactly_the_model_columns() -> None:
     assert len(groups) == len(set(groups)) == len(FEATURE_NAMES)
     assert set(groups) == set(FEATURE_NAMES)
     assert set(RAW_ORDER) == set(FEATURE_NAMES)
+    categorical = {c.name for c in CATEGORICAL}
+    flags = [name in categorical for name in ITEM_FIELDS]
+    assert flags == sorted(flags, reverse=True)  # item categoricals first: checked as one slice
 
 
 def test_valid_json_decodes_one_row_per_candidate_with_shared_values_broadcast() -> None:
