@@ -21,7 +21,7 @@ import numpy as np
 
 from logstore.spool import RequestLogWriter
 from model_store import ModelStore
-from relay.errors import RelayError, VersionNotFound
+from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel, load_model
@@ -123,7 +123,8 @@ class Worker:
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
         if route is None or self.draining:
-            ex.reject(RequestRejected("not_ready", "no stable model is loaded yet", 503))
+            reason = "the worker is shutting down" if self.draining else "no stable model yet"
+            ex.reject(RequestRejected("not_ready", reason, 503))
             done(ex)
             return
         slot, served = route
@@ -219,7 +220,8 @@ class Worker:
                     threads=s.serving_engine_threads,
                     max_batch_rows=s.serving_max_batch_rows,
                 )
-            except RelayError as exc:
+            except Exception as exc:  # store, runtime or warm-up: this version cannot serve here
+                log.exception("loading %s into %s failed", ref, slot)
                 raise RequestRejected("load_failed", f"could not load {ref}: {exc}", 422) from None
             version = model.version
             batcher = Batcher(

@@ -261,6 +261,31 @@ def test_admin_load_of_an_unknown_version_is_404_and_changes_nothing(
     assert not_json.status_code == 400 and not_json.json()["error"] == "bad_json"
 
 
+def test_a_version_that_cannot_load_is_refused_and_serving_carries_on(
+    http: httpx.Client, published_version: Any, tmp_path: Path
+) -> None:
+    from relay.types import EngineRecord
+
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"these bytes are not an ONNX model")
+    store, base = published_version.store, published_version.manifest
+    broken = store.publish(
+        base.model_copy(
+            update={
+                "version": f"{base.version}-broken",
+                "engines": [EngineRecord(name="ort-fp32", blob=store.put_blob(junk))],
+            }
+        )
+    )
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    response = http.post(
+        "/admin/load", json={"slot": "canary", "version": broken.version}, headers=auth
+    )
+    assert response.status_code == 422 and response.json()["error"] == "load_failed"
+    assert http.get("/admin/state", headers=auth).json()["slots"]["canary"] is None
+    assert http.post("/v1/predict", json=make_doc(n=2)).status_code == 200
+
+
 def test_unknown_paths_and_methods_get_json_errors(http: httpx.Client) -> None:
     assert http.get("/v1/predict").status_code == 405
     missing = http.get("/v2/nothing")
