@@ -80,6 +80,7 @@ class BinaryConnection(asyncio.BufferedProtocol):
         self.last_heard = time.monotonic()
         self.owed = 0  # predictions received and not yet answered
         self._closing = False
+        self._outgoing: list[bytes] = []
 
     # -- asyncio.BufferedProtocol ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,8 +193,16 @@ class BinaryConnection(asyncio.BufferedProtocol):
         self.worker.record(ex)
 
     def _write(self, data: bytes) -> None:
+        # A batch answers many of this connection's requests in one loop iteration: gather
+        # their frames and send them with one write (one syscall) once the iteration ends.
+        if not self._outgoing:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outgoing.append(data)
+
+    def _flush(self) -> None:
+        frames, self._outgoing = self._outgoing, []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def close_when_answered(self) -> None:
         self._closing = True
@@ -203,6 +212,7 @@ class BinaryConnection(asyncio.BufferedProtocol):
             self._close_now()
 
     def _close_now(self) -> None:
+        self._flush()  # close() still sends what was written before it
         if self.transport is not None:
             self.transport.close()
 
