@@ -3,7 +3,8 @@
 Each connection is a BufferedProtocol: the kernel copies received bytes straight into the
 connection's FrameBuffer, frames are cut from it as memoryviews, and the float32 payload is
 read through np.frombuffer into the request's feature block, so no bytes are copied on the
-way in. Results are written from the batch's completion callback, without a task per request.
+way in. Results are encoded in the batch's completion callback (no task per request), and a
+connection's answers from one batch leave in one write.
 """
 
 from __future__ import annotations
