@@ -41,7 +41,7 @@ def seed(dsn: str, sessions: int) -> None:
     client = logstore.connect(dsn)
     started = time.perf_counter()
     written = seed_traffic(
-        client, TrafficConfig(n_sessions=sessions, seed=2035), START, END, chunk_sessions=50_000
+        client, TrafficConfig(n_sessions=sessions, seed=2035), START, END, chunk_sessions=25_000
     )
     print(
         f"seeded {written[0]:,} sessions, {written[1]:,} requests in "
@@ -51,93 +51,78 @@ def seed(dsn: str, sessions: int) -> None:
     logstore.close_all()
 
 
-def _clickhouse_memory(client: object) -> dict[str, int]:
-    """Peak memory ClickHouse reports per query of this process (empty if the log is off)."""
-    try:
-        client.command("SYSTEM FLUSH LOGS")  # type: ignore[attr-defined]
-        rows = client.query(  # type: ignore[attr-defined]
-            "SELECT normalizeQuery(query), max(memory_usage) FROM system.query_log "
-            "WHERE type = 'QueryFinish' AND query ILIKE '%inference_logs%' "
-            "GROUP BY normalizeQuery(query) ORDER BY 2 DESC LIMIT 5"
-        ).result_rows
-    except Exception:  # the query log is a diagnostic; its absence changes no figure
-        return {}
-    return {str(q)[:70]: int(m) for q, m in rows}
-
-
 def run(rows: int, keep: bool) -> dict[str, float | int]:
     """Seed in a child, then time the report here; return the figures."""
     workdir = Path(tempfile.mkdtemp(prefix="relay-bench-impact-", dir="/tmp"))
     dsn = f"chdb://{workdir / 'clickhouse'}"
-    sessions_wanted = round(rows / REQUESTS_PER_SESSION)
     try:
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "bench.impact", "--seed-into", dsn,
-             "--sessions", str(sessions_wanted)],
+             "--sessions", str(round(rows / REQUESTS_PER_SESSION))],
             check=True,
         )
-        seed_s = time.perf_counter() - started
-
-        import logstore
-        from relay.settings import Settings
-        from tasks.impact import (
-            ImpactOptions,
-            ImpactWindow,
-            analyse_impact,
-            query_impact_sessions,
-            store_report_files,
-        )
-        from tasks.impact_report import render_html, render_json
-
-        settings = Settings(
-            home=workdir, clickhouse_dsn=dsn, model_store_url=f"file://{workdir / 'models'}"
-        )
-        client = logstore.connect(dsn)
-        n_rows = int(client.query("SELECT count() FROM inference_logs").result_rows[0][0])
-        n_sessions = int(client.query("SELECT count() FROM user_sessions").result_rows[0][0])
-        baseline_rss = _peak_rss_mb()
-        window = ImpactWindow(start=START, end=END)
-
-        t0 = time.perf_counter()
-        data = query_impact_sessions.fn(settings, window, [], timedelta(hours=1))
-        t1 = time.perf_counter()
-        report = analyse_impact(data, ImpactOptions())
-        t2 = time.perf_counter()
-        html_path, json_path = workdir / "impact-report.html", workdir / "impact-report.json"
-        html_path.write_text(render_html(report), encoding="utf-8")
-        json_path.write_text(render_json(report), encoding="utf-8")
-        t3 = time.perf_counter()
-        from model_store import open_store
-
-        stored = store_report_files(open_store(settings), report, html_path, json_path, None)
-        t4 = time.perf_counter()
-
-        figures: dict[str, float | int] = {
-            "rows": n_rows,
-            "sessions": n_sessions,
-            "query_s": round(t1 - t0, 2),
-            "analysis_s": round(t3 - t1, 2),
-            "total_s": round(t4 - t0, 2),
-            "peak_rss_mb": round(_peak_rss_mb(), 1),
-        }
-        frame_mb = data.sessions.memory_usage(deep=True).sum() / 2**20
-        print(f"seed (child process): {seed_s:.1f} s")
-        print(f"query {t1 - t0:.2f} s · analyses {t2 - t1:.2f} s · render {t3 - t2:.2f} s · "
-              f"store {t4 - t3:.2f} s")
-        print(f"RSS before the report {baseline_rss:,.0f} MB, peak {figures['peak_rss_mb']:,} MB; "
-              f"per-session frame in Python {frame_mb:,.1f} MB for {len(data.sessions):,} rows")
-        for query, used in _clickhouse_memory(client).items():
-            print(f"  ClickHouse peak {used / 2**20:,.0f} MB  {query}")
-        print(f"finding: {report.finding.value}: {report.headline}")
-        for e in report.estimates:
-            print(f"  {e.key:16} {e.value:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}] GMV/session/ms")
-        print(f"report: {stored.html_url} ({stored.blobs['report.html'].size:,} bytes)")
-        logstore.close_all()
-        return figures
+        print(f"seed (child process): {time.perf_counter() - started:.1f} s")
+        return time_report(dsn, workdir)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def time_report(dsn: str, workdir: Path) -> dict[str, float | int]:
+    """Time the report over the seeded day as the flow runs it; print the breakdown."""
+    import logstore
+    from model_store import open_store
+    from relay.settings import Settings
+    from tasks.impact import (
+        ImpactOptions,
+        ImpactWindow,
+        analyse_impact,
+        query_impact_sessions,
+        store_report_files,
+    )
+    from tasks.impact_report import render_html, render_json
+
+    settings = Settings(
+        home=workdir, clickhouse_dsn=dsn, model_store_url=f"file://{workdir / 'models'}"
+    )
+    client = logstore.connect(dsn)
+    n_rows = int(client.query("SELECT count() FROM inference_logs").result_rows[0][0])
+    n_sessions = int(client.query("SELECT count() FROM user_sessions").result_rows[0][0])
+    baseline_rss = _peak_rss_mb()
+    window = ImpactWindow(start=START, end=END)
+
+    t0 = time.perf_counter()
+    data = query_impact_sessions.fn(settings, window, [], timedelta(hours=1))
+    t1 = time.perf_counter()
+    report = analyse_impact(data, ImpactOptions())
+    t2 = time.perf_counter()
+    html_path, json_path = workdir / "impact-report.html", workdir / "impact-report.json"
+    html_path.write_text(render_html(report), encoding="utf-8")
+    json_path.write_text(render_json(report), encoding="utf-8")
+    t3 = time.perf_counter()
+    stored = store_report_files(open_store(settings), report, html_path, json_path, None)
+    t4 = time.perf_counter()
+
+    figures: dict[str, float | int] = {
+        "rows": n_rows,
+        "sessions": n_sessions,
+        "query_s": round(t1 - t0, 2),
+        "analysis_s": round(t3 - t1, 2),
+        "total_s": round(t4 - t0, 2),
+        "peak_rss_mb": round(_peak_rss_mb(), 1),
+    }
+    frame_mb = data.sessions.memory_usage(deep=True).sum() / 2**20
+    print(f"query {t1 - t0:.2f} s · analyses {t2 - t1:.2f} s · render {t3 - t2:.2f} s · "
+          f"store {t4 - t3:.2f} s")
+    print(f"RSS before the report {baseline_rss:,.0f} MB, peak {figures['peak_rss_mb']:,} MB; "
+          f"per-session frame in Python {frame_mb:,.1f} MB for {len(data.sessions):,} rows")
+    print(f"finding: {report.finding.value}: {report.headline}")
+    for e in report.estimates:
+        print(f"  {e.key:16} {e.value:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}] GMV/session/ms")
+    print(f"report: {stored.html_url} ({stored.blobs['report.html'].size:,} bytes)")
+    logstore.close_all()
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,7 @@ SESSION_OUTCOME_COLUMNS: tuple[str, ...] = (
     "latency_p95_ms",
     "model_version",
     "slot",
-    "versions_seen",
+    "mixed_versions",
 )
 
 # Every value below is a bound server-side parameter; no SQL text is built from input.
@@ -77,13 +77,15 @@ _SESSION_OUTCOMES_SQL = (
             count() AS requests,
             countIf(status >= 500) AS failed_requests,
             avg(latency_ms) AS latency_mean_ms,
-            -- t-digest keeps a bounded state per session, whatever its request count
-            quantileTDigest(0.95)(latency_ms) AS latency_p95_ms,
-            -- the version and slot that served most of the session's requests
-            -- (aliases differ from the columns so later aggregates read the raw columns)
-            topK(1)(model_version)[1] AS primary_version,
-            toString(topK(1)(slot)[1]) AS primary_slot,
-            uniqExact(model_version) AS versions_seen
+            -- a reservoir of at most 8,192 latencies per session: exact for real sessions,
+            -- bounded for a runaway one
+            quantile(0.95)(latency_ms) AS latency_p95_ms,
+            -- the version and slot that served the majority of the session's requests; a
+            -- constant-size state (topK's per-session hash tables took 4 GB at 500k sessions).
+            -- Aliases differ from the columns so later aggregates read the raw columns.
+            anyHeavy(model_version) AS primary_version,
+            toString(anyHeavy(slot)) AS primary_slot,
+            min(model_version) != max(model_version) AS mixed_versions
         FROM inference_logs
         WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {rows_end:DateTime64(3, 'UTC')}
           AND session_id IN ("""
@@ -106,7 +108,7 @@ _SESSION_OUTCOMES_SQL = (
         r.latency_p95_ms AS latency_p95_ms,
         r.primary_version AS model_version,
         r.primary_slot AS slot,
-        r.versions_seen AS versions_seen
+        r.mixed_versions AS mixed_versions
     FROM (
         SELECT session_id, user_id, started_at, user_age, device_type, session_length_s, orders, gmv
         FROM user_sessions
@@ -227,7 +229,7 @@ def empty_session_outcomes() -> pd.DataFrame:
         "user_age": "float32", "device_type": "str", "session_length_s": "float32",
         "orders": "uint16", "gmv": "float64", "requests": "uint64", "failed_requests": "uint64",
         "latency_mean_ms": "float64", "latency_p95_ms": "float32", "model_version": "str",
-        "slot": "str", "versions_seen": "uint64",
+        "slot": "str", "mixed_versions": "uint8",
     }
     return pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in SESSION_OUTCOME_COLUMNS})
 

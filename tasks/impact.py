@@ -425,10 +425,13 @@ def _robust_fit(frame: pd.DataFrame, outcome: str, regressors: Sequence[str]) ->
     exog.insert(0, "const", 1.0)
     model = sm.OLS(frame[outcome].astype("float64"), exog)
     users = frame["user_id"].nunique() if "user_id" in frame else 0
+    # QR, not the default pseudo-inverse: the design is full rank (one-level covariates are
+    # dropped before), and an SVD per fit is most of a refit's time at 500k sessions.
     if users >= 50:
         groups = pd.factorize(frame["user_id"])[0]
-        return model.fit(cov_type="cluster", cov_kwds={"groups": groups}), "cluster-robust (user)"
-    return model.fit(cov_type="HC1"), "heteroscedasticity-robust (HC1)"
+        fit = model.fit(method="qr", cov_type="cluster", cov_kwds={"groups": groups})
+        return fit, "cluster-robust (user)"
+    return model.fit(method="qr", cov_type="HC1"), "heteroscedasticity-robust (HC1)"
 
 
 def fit_ols(
@@ -782,6 +785,12 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
     prepared = prepare_sessions(data.sessions)
     frame, covariates = prepared.frame, prepared.covariates
     notes = list(prepared.notes)
+    mixed = int(pd.to_numeric(frame["mixed_versions"]).sum()) if "mixed_versions" in frame else 0
+    if mixed:
+        notes.append(
+            f"{mixed:,} sessions were served by more than one model version; each counts for the "
+            "version (and slot) that served the majority of its requests."
+        )
     descriptive: dict[str, Any] = {
         "sessions": len(frame),
         "covariates": covariates,

@@ -87,7 +87,7 @@ def test_per_session_aggregates_from_clickhouse_match_the_raw_rows(client):
     assert (joined["exp_version"] == joined["model_version"]).all()
     assert (joined["exp_slot"] == joined["slot"]).all()
     assert (joined["exp_failed"] == joined["failed_requests"]).all()
-    assert (joined["versions_seen"] == 1).all()
+    assert (joined["mixed_versions"] == 0).all()
     assert (joined["latency_p95_ms"] >= joined["latency_mean_ms"] * 0.9).all()
     sessions = traffic.sessions.set_index("session_id")
     np.testing.assert_allclose(got["gmv"], sessions.loc[got.index, "gmv"])
@@ -138,6 +138,25 @@ def test_orphans_are_counted_not_silently_dropped(client, settings):
     assert "40 of 475 sessions logged no inference request" in text
     assert "(25 session ids) have no user_sessions row" in text
     assert "3 duplicate user_sessions rows" in text
+
+
+def test_a_session_served_by_two_versions_counts_for_its_majority_version(client):
+    w = window(4)
+    traffic = simulate_traffic(TrafficConfig(n_sessions=50, seed=35, slots=slots("mix")), w.start, w.end)
+    logs = traffic.logs.copy()
+    first = traffic.sessions["session_id"].iloc[0]
+    rows = logs.index[logs["session_id"] == first]
+    minority = rows[: max(1, len(rows) // 4)]  # a quarter of its requests hit the other slot
+    other = "mix-canary" if logs.loc[rows[-1], "model_version"] == "mix-stable" else "mix-stable"
+    logs.loc[minority, "model_version"] = other
+    majority = logs.loc[rows[-1], "model_version"]
+    insert_user_sessions(client, traffic.sessions)
+    insert_inference_logs(client, logs)
+
+    got = read_session_outcomes(client, w.start, w.end).set_index("session_id")
+    assert got.loc[first, "model_version"] == majority
+    assert got.loc[first, "mixed_versions"] == 1
+    assert int(got["mixed_versions"].sum()) == 1
 
 
 # -- bad input -------------------------------------------------------------------------------

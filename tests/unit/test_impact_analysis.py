@@ -45,8 +45,9 @@ def session_frame(config: TrafficConfig) -> pd.DataFrame:
         latency_mean_ms=("latency_ms", "mean"),
         model_version=("model_version", "first"),
         slot=("slot", "first"),
-        versions_seen=("model_version", "nunique"),
+        mixed_versions=("model_version", "nunique"),
     )
+    per["mixed_versions"] = (per["mixed_versions"] > 1).astype("uint8")
     per["latency_p95_ms"] = grouped["latency_ms"].quantile(0.95)
     return traffic.sessions.join(per, on="session_id", how="inner").reset_index(drop=True)
 
