@@ -451,6 +451,16 @@ def test_every_request_good_or_bad_gets_exactly_one_log_row(
     expected["log-bin-ok"] = (200, "")
     assert isinstance(answers[1], BinaryRejection)
     expected[answers[1].request_id] = (400, "bad_categorical")
+    header = {
+        "id": 9,
+        "user": doc["user"],
+        "session": doc["session"],
+        "context": doc["context"],
+        "rows": 3,
+        "cols": 13,
+    }
+    ((_, mismatch, _),) = binary.send_raw(encode_frame(Kind.PREDICT, header, b"\0" * 12))
+    expected[mismatch["request_id"]] = (400, "payload_length_mismatch")
     unknown = http.post(
         "/admin/load",
         json={"slot": "canary", "version": "nope"},
