@@ -252,8 +252,9 @@ ASSUMPTIONS: dict[str, list[str]] = {
     "DoWhy back-door (linear regression)": [
         "The causal graph shown is correct and complete: device_type is the only confounder.",
         "Positivity: every device type is seen across the range of latencies.",
-        "Linear outcome model; the point estimate equals the OLS one and the interval shown in "
-        "the table is DoWhy's own (homoscedastic) one; the headline uses the cluster-robust one.",
+        "Linear outcome model. The point estimate equals the OLS one, so the interval quoted is "
+        "the OLS cluster-robust one; DoWhy's own interval assumes equal GMV variance in every "
+        "session and is shown beside it for reference.",
     ],
     "DoWhy front-door (two-stage regression via session length)": [
         "Latency affects GMV only through session length (full mediation).",

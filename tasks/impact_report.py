@@ -186,7 +186,7 @@ def _errorbar_panel(ax: Any, panel: dict[str, Any]) -> None:
 def _num(value: float | None, digits: int = 4) -> str:
     if value is None or not math.isfinite(value):
         return "—"
-    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+    if value != 0 and abs(value) < 1e-3:  # p-values and tiny effects
         return f"{value:.{digits - 1}e}"
     return f"{value:,.{digits}g}" if abs(value) < 1e4 else f"{value:,.0f}"
 
@@ -389,22 +389,22 @@ def render_markdown(report: ImpactReport, stored: StoredImpactReport) -> str:
     if report.translation is not None:
         t = report.translation
         lines.append(
-            f"**GMV per day per +100 ms**: {_num(t.gmv_per_day_per_100ms)} "
+            f"- **GMV per day per +100 ms**: {_num(t.gmv_per_day_per_100ms)} "
             f"(95 % CI {_ci(100 * t.ci_low, 100 * t.ci_high)}) at {t.sessions_per_day:,.0f} "
             "sessions/day"
         )
     if report.slots is not None and report.slots.available:
         s = report.slots
         lines.append(
-            f"**Canary − stable latency**: {_num(s.latency_diff_ms)} ms "
+            f"- **Canary − stable latency**: {_num(s.latency_diff_ms)} ms "
             f"{_ci(*(s.latency_diff_ci or (None, None)))} → implied "
             f"{_num(s.implied_gmv_per_day)} GMV/day {_ci(*(s.implied_gmv_per_day_ci or (None, None)))}"
         )
     elif report.slots is not None:
-        lines.append(f"**Canary vs stable**: not available ({report.slots.reason})")
+        lines.append(f"- **Canary vs stable**: not available ({report.slots.reason})")
     if report.refutations:
         lines.append(
-            "**Refutations**: "
+            "- **Refutations**: "
             + ", ".join(f"{r.key} {'pass' if r.passed else 'FAIL'}" for r in report.refutations)
         )
     if report.caveats:
