@@ -58,6 +58,7 @@ def retrain_and_release(
     window_days: Annotated[float, Field(gt=0, le=90)] = 7.0,
     window_end: datetime | None = None,
     epochs: Annotated[int, Field(ge=1, le=50)] = 2,
+    batch_size: Annotated[int, Field(ge=32, le=65_536)] = 1024,
     seed: int = 7,
     min_rows: Annotated[int, Field(ge=1)] = 10_000,
     actor: str = "schedule",
@@ -82,7 +83,7 @@ def retrain_and_release(
 
     frame = read_training_window(settings, window)
     validate_training_data(frame, window, DataLimits(min_rows=min_rows))
-    trained = train_ctr_model(frame, TrainConfig(seed=seed, epochs=epochs), workdir)
+    trained = train_ctr_model(frame, TrainConfig(seed=seed, epochs=epochs, batch_size=batch_size), workdir)
     model_path = export_onnx(trained, workdir)
     compiled = compile_engines(model_path, trained, workdir)
     lineage = compute_lineage(model_path, frame, compiled.engines, str(window))

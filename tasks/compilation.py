@@ -157,32 +157,50 @@ class CompileOutcome:
     parity: list[ParityResult]
 
 
+def build_failed(engine: str, exc: Exception) -> ParityResult:
+    """A parity row for an engine that could not even be built (e.g. quantising NaN weights)."""
+    return ParityResult(
+        engine=engine,
+        accepted=False,
+        reason=f"build failed: {type(exc).__name__}: {exc}",
+        max_abs_diff=float("inf"),
+        auc_delta=float("inf"),
+        topk_overlap=0.0,
+        tolerances=TOLERANCES[engine].as_dict(),
+    )
+
+
 @task(name="compile-engines", cache_policy=NO_CACHE)
 def compile_engines(model_path: Path, trained: TrainedModel, workdir: Path) -> CompileOutcome:
     """Build every engine, check parity on the holdout, keep the ones that pass."""
-    built = [
-        optimise_fp32(model_path, workdir / "ort-fp32.onnx"),
-        quantise_int8(model_path, workdir / "ort-int8.onnx"),
+    builders = [
+        ("ort-fp32", lambda: optimise_fp32(model_path, workdir / "ort-fp32.onnx")),
+        ("ort-int8", lambda: quantise_int8(model_path, workdir / "ort-int8.onnx")),
     ]
-    results = []
-    for engine in built:
-        scores = run_engine(engine.path, trained.holdout_x)
-        results.append(
-            assess_parity(
-                engine.name,
-                trained.reference_scores,
-                scores,
-                trained.holdout_y,
-                trained.holdout_groups,
-                TOLERANCES[engine.name],
-            )
+    accepted: list[CompiledEngine] = []
+    results: list[ParityResult] = []
+    for name, build in builders:
+        try:
+            engine = build()
+        except Exception as exc:  # a failed build rejects this engine; the numbers say why
+            results.append(build_failed(name, exc))
+            continue
+        result = assess_parity(
+            engine.name,
+            trained.reference_scores,
+            run_engine(engine.path, trained.holdout_x),
+            trained.holdout_y,
+            trained.holdout_groups,
+            TOLERANCES[engine.name],
         )
+        results.append(result)
+        if result.accepted:
+            accepted.append(engine)
     create_table_artifact(
         key="parity",
         table=[r.model_dump() for r in results],
         description="Parity of each compiled engine against the PyTorch reference on the holdout",
     )
-    accepted = [e for e, r in zip(built, results, strict=True) if r.accepted]
     if not any(e.name == "ort-fp32" for e in accepted):
         raise ParityFailed(
             "the fp32 engine does not reproduce the PyTorch model: "

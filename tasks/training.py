@@ -57,7 +57,7 @@ class TrainConfig:
 
     seed: int = 7
     epochs: int = 2
-    batch_size: int = 2048
+    batch_size: int = 1024
     learning_rate: float = 3e-3
     embedding_dim: int = 8
     hidden: tuple[int, ...] = (64, 32)

@@ -1,0 +1,362 @@
+"""The release, end to end, with two real serving workers and the real log store.
+
+Scenarios: first release; a good candidate promoted; a slow canary rolled back; a worker killed
+mid-canary; too little traffic paused for a person; numerically broken candidates never
+deployed; the release guard rolling back a champion whose live SLO breaks; a manual rollback.
+Tests run in order and share one fleet: each starts from the state the previous one left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+from prefect.client.schemas.objects import StateType
+from prefect.flow_runs import resume_flow_run
+
+import logstore
+from flows.guard import release_guard
+from flows.release import retrain_and_release
+from flows.rollback import rollback
+from logstore.release_events import events_of_release
+from model_store import open_store
+from relay.errors import ParityFailed
+from relay.settings import get_settings
+from relay.types import Verdict
+from serving.fleet import FleetClient
+from serving.process import WorkerProcess, start_worker
+from simulation.seed import seed_events
+from simulation.shop import ShopConfig, generate_events
+from simulation.traffic import LiveTraffic, drive
+from tasks.calibration import (
+    CalibrationThresholds,
+    assess_candidate_calibration,
+    ensure_calibration_set,
+)
+from tasks.canary import Release, check_blessing
+from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
+from tasks.data import window_ending
+from tasks.export import export_model
+from tasks.lineage import compute_lineage_record
+from tasks.registry import build_manifest
+from tasks.training import TrainConfig, predict, train_model
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "scenario-admin-token"
+END = datetime(2026, 7, 1, tzinfo=UTC)
+SHOP = ShopConfig(seed=51, n_users=3_000, n_items=1_000)
+RUN = {
+    "window_end": END,
+    "window_days": 7.0,
+    "epochs": 3,
+    "batch_size": 512,
+    "min_rows": 5_000,
+    "canary_steps": [50],
+    "analysis_window_s": 6.0,
+    "max_windows_per_step": 2,
+    "min_requests": 40,
+    "traffic_rps": 30.0,
+    "approval_timeout_s": 120,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Fleet:
+    root: Path
+    env: dict[str, str]
+    ports: list[int]
+    workers: list[WorkerProcess] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def start(self, i: int) -> WorkerProcess:
+        env = {
+            **self.env,
+            "RELAY_SERVING_PORT": str(self.ports[i]),
+            "RELAY_SERVING_BINARY_PORT": "0",
+        }
+        worker = start_worker(env, self.root / f"worker{i}-{time.time_ns()}.log")
+        if i < len(self.workers):
+            self.workers[i] = worker
+        else:
+            self.workers.append(worker)
+        return worker
+
+    def state(self) -> list[dict]:
+        with FleetClient.from_settings(get_settings()) as fleet:
+            return [w.state for w in fleet.state().workers]
+
+    def stable(self) -> set[str | None]:
+        return {
+            s["slots"]["stable"]["version"] if s["slots"].get("stable") else None
+            for s in self.state()
+        }
+
+    def canary(self) -> set[str | None]:
+        return {
+            s["slots"]["canary"]["version"] if s["slots"].get("canary") else None
+            for s in self.state()
+        }
+
+
+@pytest.fixture(scope="module")
+def fleet(prefect_harness, settings, relay_home, tmp_path_factory):
+    root = tmp_path_factory.mktemp("scenarios")
+    seed_events(logstore.connect(settings.resolved_clickhouse_dsn), 40_000, END, config=SHOP)
+    overrides = {
+        "RELAY_MODEL_STORE_URL": f"file://{root / 'store'}",
+        "RELAY_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+    }
+    ports = [free_port(), free_port()]
+    env = {
+        **overrides,
+        "RELAY_HOME": str(relay_home),  # the same spool folder the flow ingests
+        "RELAY_CLICKHOUSE_DSN": settings.resolved_clickhouse_dsn,  # chdb: the worker only spools
+        "RELAY_SERVING_STABLE_REF": "champion",
+        "RELAY_SERVING_LOG_FLUSH_MS": "100",
+    }
+    state = Fleet(root, env, ports)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in overrides.items():
+            mp.setenv(key, value)
+        mp.setenv("RELAY_SERVING_FLEET_URLS", ",".join(f"http://127.0.0.1:{p}" for p in ports))
+        get_settings.cache_clear()
+        try:
+            state.start(0)
+            state.start(1)
+            yield state
+        finally:
+            for worker in state.workers:
+                worker.stop()
+    get_settings.cache_clear()
+
+
+def run_release(seed: int, **overrides):
+    state = retrain_and_release(**{**RUN, **overrides}, seed=seed, return_state=True)
+    assert state.is_completed(), state.message
+    return state.result()
+
+
+def kinds(summary) -> dict[str, list]:
+    events = events_of_release(
+        logstore.connect(get_settings().resolved_clickhouse_dsn), summary_release_id(summary)
+    )
+    out: dict[str, list] = {}
+    for e in events:
+        out.setdefault(e.kind, []).append(e)
+    return out
+
+
+def summary_release_id(summary) -> str:
+    client = logstore.connect(get_settings().resolved_clickhouse_dsn)
+    rows = client.query(
+        "SELECT release_id FROM release_events WHERE model_version = {v:String} AND kind = 'outcome' ORDER BY ts DESC LIMIT 1",
+        parameters={"v": summary.version},
+    ).result_rows
+    return rows[0][0]
+
+
+def test_first_release_deploys_as_stable_and_becomes_champion(fleet):
+    summary = run_release(seed=1)
+    assert summary.outcome == "promoted" and summary.reason.startswith("first release")
+    assert open_store(get_settings()).get_alias("champion") == summary.version
+    assert fleet.stable() == {summary.version}
+    fleet.versions["v1"] = summary.version
+
+
+def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
+    summary = run_release(seed=2, canary_steps=[25, 50])
+    assert summary.outcome == "promoted", summary.reason
+    store = open_store(get_settings())
+    assert store.get_alias("champion") == summary.version
+    assert fleet.stable() == {summary.version} and fleet.canary() == {None}
+    events = kinds(summary)
+    assert [e.verdict for e in events["slo_window"]][-1] == "passed"
+    assert {e.details["weight"] for e in events["slo_window"]} == {25, 50}
+    assert events["promote"][0].verdict == "passed"
+    history = store.alias_history("champion")
+    assert [h.version for h in history[-2:]] == [fleet.versions["v1"], summary.version]
+    fleet.versions["v2"] = summary.version
+
+
+def test_slow_canary_fails_the_slo_gate_and_is_rolled_back(fleet):
+    with FleetClient.from_settings(get_settings()) as client:
+        client.set_injected_latency("canary", 400.0)
+        try:
+            summary = run_release(seed=3)
+        finally:
+            client.set_injected_latency("canary", 0.0)
+    assert summary.outcome == "rolled_back" and "P95" in summary.reason
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    assert fleet.stable() == {fleet.versions["v2"]} and fleet.canary() == {None}
+    events = kinds(summary)
+    assert events["slo_window"][-1].verdict == Verdict.failed
+    rollback_ms = events["rollback"][0].details["rollback_ms"]
+    assert 0 < rollback_ms < 10_000
+    assert events["rolled_back"][0].details["rollback_ms"] == pytest.approx(rollback_ms)
+
+
+def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet):
+    victim = fleet.workers[1]
+
+    def kill_when_canary_takes_traffic() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                state = httpx.get(
+                    f"{victim.http_url}/admin/state",
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=2,
+                ).json()
+                if state["slots"].get("canary") and state.get("canary_weight", 0) > 0:
+                    time.sleep(1.0)
+                    os.kill(victim.process.pid, signal.SIGKILL)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_canary_takes_traffic, daemon=True)
+    killer.start()
+    summary = run_release(seed=4, analysis_window_s=8.0)
+    killer.join(timeout=5)
+    assert not victim.alive()
+    assert summary.outcome == "rolled_back" and "unreachable" in summary.reason
+    survivor = fleet.workers[0]
+    state = httpx.get(
+        f"{survivor.http_url}/admin/state", headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
+    assert (
+        state["slots"].get("canary") is None
+        and state["slots"]["stable"]["version"] == fleet.versions["v2"]
+    )
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    victim.stop()
+    fleet.start(1).wait_ready()  # back with the champion as stable, for the next scenarios
+    assert fleet.stable() == {fleet.versions["v2"]}
+
+
+def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
+    def resume_when_paused() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with get_client(sync_client=True) as client:
+                paused = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.PAUSED])
+                        )
+                    )
+                )
+            if paused:
+                resume_flow_run(
+                    paused[0].id,
+                    run_input={"decision": "roll back", "comment": "too quiet to judge"},
+                )
+                return
+            time.sleep(0.5)
+
+    resumer = threading.Thread(target=resume_when_paused, daemon=True)
+    resumer.start()
+    summary = run_release(
+        seed=5, simulate_traffic=False, analysis_window_s=1.0, max_windows_per_step=1
+    )
+    resumer.join(timeout=5)
+    assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
+    events = kinds(summary)
+    assert events["slo_window"][-1].verdict == Verdict.inconclusive
+    assert (
+        fleet.canary() == {None}
+        and open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    )
+
+
+def test_numerically_broken_candidates_are_never_deployed(fleet, tmp_path):
+    frame = generate_events(SHOP, 8_000, END)
+    trained = train_model(frame, TrainConfig(seed=9, epochs=1))
+    model = trained.model
+    with torch.no_grad():  # NaN weights: stopped at the parity gate
+        model.mlp[0].weight[0, 0] = float("nan")
+    trained.reference_scores = predict(model, trained.holdout_x)
+    path = export_model(model, tmp_path / "nan" / "model.onnx")
+    with pytest.raises(ParityFailed, match="does not reproduce"):
+        compile_engines.fn(path, trained, tmp_path / "nan")
+
+    with torch.no_grad():  # constant scores: passes parity, stopped by calibration
+        for p in model.mlp.parameters():
+            p.zero_()
+    trained.reference_scores = predict(model, trained.holdout_x)
+    workdir = tmp_path / "flat"
+    workdir.mkdir()
+    torch.save(model.state_dict(), workdir / "weights.pt")
+    path = export_model(model, workdir / "model.onnx")
+    engines = [optimise_fp32(path, workdir / "ort-fp32.onnx")]
+    settings = get_settings()
+    store = open_store(settings)
+    record = compute_lineage_record(path, frame, engines, "broken")
+    manifest = store.publish(
+        build_manifest(
+            trained, CompileOutcome(engines, []), record, store, path, workdir / "weights.pt"
+        )
+    )
+    calibration = ensure_calibration_set.fn(settings, workdir, window_ending(END, 7.0))
+    report = assess_candidate_calibration.fn(
+        settings, manifest.version, calibration, CalibrationThresholds(), workdir
+    )
+    assert not report.blessed and any(
+        c.gate == "score_std" and c.verdict is Verdict.failed for c in report.checks
+    )
+    gate = check_blessing.fn(
+        settings, Release("broken-release", manifest.version, manifest.lineage_id)
+    )
+    assert gate.verdict is Verdict.failed and gate.reason.startswith("not deployed")
+    assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
+
+
+def test_release_guard_rolls_back_a_champion_whose_live_slo_breaks(fleet):
+    settings = get_settings()
+    urls = [u for u in settings.serving_fleet_urls.split(",")]
+    with FleetClient.from_settings(settings) as client:
+        client.set_injected_latency("stable", 400.0)
+        try:
+            drive(urls, LiveTraffic(rate_rps=30.0, duration_s=5.0, seed=6))
+        finally:
+            client.set_injected_latency("stable", 0.0)
+    time.sleep(0.5)
+    state = release_guard(window_minutes=0.5, min_requests=40, return_state=True)
+    assert state.is_completed(), state.message
+    decision = state.result()
+    assert decision.verdict is Verdict.failed and "live P95" in decision.reason
+    assert open_store(settings).get_alias("champion") == fleet.versions["v1"]
+    assert fleet.stable() == {fleet.versions["v1"]}
+
+
+def test_manual_rollback_restores_a_named_blessed_version_and_refuses_unknown_ones(fleet):
+    state = rollback(
+        target_version=fleet.versions["v2"], reason="on-call restores v2", return_state=True
+    )
+    assert state.is_completed(), state.message
+    store = open_store(get_settings())
+    assert store.get_alias("champion") == fleet.versions["v2"]
+    assert store.alias_history("champion")[-1].reason == "on-call restores v2"
+    assert fleet.stable() == {fleet.versions["v2"]}
+    missing = rollback(target_version="no-such-version", return_state=True)
+    assert missing.is_failed() and "no-such-version" in missing.message
