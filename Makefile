@@ -6,6 +6,8 @@ PREFECT_PORT ?= 4200
 export PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 export PREFECT_HOME    ?= $(CURDIR)/.relay/prefect
 export RELAY_PREFECT_UI_URL ?= http://127.0.0.1:$(PREFECT_PORT)
+export RELAY_SERVING_FLEET_URLS ?= $(shell deployments/local/serving.sh urls)
+TOKEN_FILE := .relay/serving-admin-token
 
 .PHONY: install demo test test-fast up down bench lint clean
 
@@ -22,12 +24,14 @@ $(VENV)/.installed: pyproject.toml
 
 up: install
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
+	deployments/local/serving.sh start
 
 down:
+	-deployments/local/serving.sh stop
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh stop
 
 demo: install up
-	$(BIN)/python -m flows.cli demo
+	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m flows.cli demo
 
 test: install
 	$(BIN)/python -m pytest -q

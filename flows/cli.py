@@ -11,10 +11,20 @@ from datetime import UTC, datetime, timedelta
 from relay.errors import RelayError
 from relay.settings import get_settings
 
+# The demo drives its own shoppers; these keep each canary step conclusive in ~15 s.
+DEMO_CANARY = {
+    "canary_steps": [10, 50],
+    "analysis_window_s": 15.0,
+    "traffic_rps": 60.0,
+    "min_requests": 50,
+    "approval_timeout_s": 600,
+}
+
 
 def _demo(args: argparse.Namespace) -> int:
     import logstore
     from flows.release import retrain_and_release
+    from model_store import open_store
     from simulation.seed import ensure_seeded
     from tasks.data import window_ending
 
@@ -25,21 +35,43 @@ def _demo(args: argparse.Namespace) -> int:
     print(
         f"events: seeded {seeded:,} simulated events" if seeded else "events: window already seeded"
     )
-    state = retrain_and_release(window_days=args.window_days, actor="make demo", return_state=True)
-    run_url = f"{settings.prefect_ui_url}/runs/flow-run/{state.state_details.flow_run_id}"
-    if not state.is_completed():
-        print(f"\nrelease run FAILED: {state.message}\n  flow run:  {run_url}", file=sys.stderr)
-        return 1
-    summary = state.result()
-    print("\nRelay demo: release candidate registered")
-    print(f"  flow run:      {run_url}")
-    print(f"  lineage id:    {summary.lineage_id}")
-    print(f"  holdout AUC:   {summary.metrics['holdout_auc']:.4f}")
-    print(f"  engines:       {', '.join(summary.engines)}")
-    print(f"  artifacts:     {settings.prefect_ui_url}/artifacts (release-summary, parity, data-validation)")
-    print(f"  model store:   {settings.resolved_model_store_url}/versions/{summary.version}")
-    print(f"  MLflow:        {settings.resolved_mlflow_uri} (model {settings.mlflow_model_name}, alias candidate)")
-    print(f"  ClickHouse:    {logstore.redact(settings.resolved_clickhouse_dsn)}")
+    # With no champion yet, the first release goes straight to stable; a second, retrained with
+    # another seed, then shows the whole canary: blessing, steps, verdicts, promotion or rollback.
+    first_ever = open_store(settings).get_alias("champion") is None
+    seeds = [args.seed, args.seed + 1] if first_ever else [args.seed]
+    for seed in seeds:
+        state = retrain_and_release(
+            window_days=args.window_days,
+            seed=seed,
+            actor="make demo",
+            return_state=True,
+            **DEMO_CANARY,
+        )
+        run_url = f"{settings.prefect_ui_url}/runs/flow-run/{state.state_details.flow_run_id}"
+        if not state.is_completed():
+            print(f"\nrelease run FAILED: {state.message}\n  flow run:  {run_url}", file=sys.stderr)
+            return 1
+        summary = state.result()
+        print(f"\nRelay demo: release {summary.outcome.replace('_', ' ')} ({summary.reason})")
+        print(f"  flow run:      {run_url}")
+        print(f"  lineage id:    {summary.lineage_id}")
+        print(f"  holdout AUC:   {summary.metrics['holdout_auc']:.4f}")
+        print(f"  engines:       {', '.join(summary.engines)}")
+    store = open_store(settings)
+    print(f"\n  champion:      {store.get_alias('champion')}")
+    print(
+        f"  artifacts:     {settings.prefect_ui_url}/artifacts (release-outcome, release-summary, calibration, slo-weight-*, parity, data-validation)"
+    )
+    print(f"  model store:   {settings.resolved_model_store_url}")
+    print(
+        f"  MLflow:        {settings.resolved_mlflow_uri} (model {settings.mlflow_model_name}, aliases candidate, champion)"
+    )
+    print(
+        f"  ClickHouse:    {logstore.redact(settings.resolved_clickhouse_dsn)} (tables release_events, inference_logs, user_sessions)"
+    )
+    print(
+        f"  serving fleet: {settings.serving_fleet_urls}  (make down stops it and the Prefect server)"
+    )
     return 0
 
 
@@ -185,9 +217,12 @@ def _add_store_commands(sub: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relay", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="seed if needed, run retrain_and_release, print where to look")
+    demo = sub.add_parser(
+        "demo", help="seed if needed, run retrain_and_release, print where to look"
+    )
     demo.add_argument("--events", type=int, default=200_000)
     demo.add_argument("--window-days", type=float, default=7.0)
+    demo.add_argument("--seed", type=int, default=7)
     demo.set_defaults(func=_demo)
     seed = sub.add_parser("seed", help="write simulated events into ClickHouse")
     seed.add_argument("--events", type=int, default=200_000)

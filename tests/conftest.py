@@ -21,6 +21,8 @@ import pytest
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="relay-test-prefect-")
 os.environ.pop("PREFECT_API_URL", None)  # flow tests use the harness, never a developer's server
+for _name in [n for n in os.environ if n.startswith("RELAY_")]:
+    del os.environ[_name]  # `make` exports the local stack's settings; tests make their own
 
 from relay.settings import Settings, get_settings  # noqa: E402
 
