@@ -37,6 +37,7 @@ from logstore.impact import (
     read_latency_profile,
     read_session_outcomes,
 )
+from logstore.spool import ingest_spool
 from model_store import ModelStore, open_store
 from model_store.store import blob_key
 from relay.errors import StoreError, VersionNotFound
@@ -982,6 +983,10 @@ def query_impact_sessions(
 ) -> ImpactData:
     """Per-session rows, join coverage and latency summaries for the window, from ClickHouse."""
     client = logstore.connect(settings.resolved_clickhouse_dsn)
+    if settings.resolved_clickhouse_dsn.startswith("chdb://"):
+        # Embedded: serving workers spool their rows and the reader ingests them, so the
+        # report sees every request the fleet logged up to now.
+        ingest_spool(client, settings.resolved_spool_dir)
     profile = read_latency_profile(client, window.start, window.end, versions)
     bin_ms = histogram_bin_ms(profile)
     return ImpactData(

@@ -10,10 +10,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import logstore
 from logstore.impact import (
+    INFERENCE_LOG_COLUMNS,
     count_join_coverage,
     insert_inference_logs,
     insert_user_sessions,
@@ -157,6 +159,24 @@ def test_a_session_served_by_two_versions_counts_for_its_majority_version(client
     assert got.loc[first, "model_version"] == majority
     assert got.loc[first, "mixed_versions"] == 1
     assert int(got["mixed_versions"].sum()) == 1
+
+
+def test_requests_still_in_the_serving_spool_are_ingested_before_the_report(client, settings):
+    from logstore.spool import SpoolWriter
+
+    w = window(8)
+    traffic = simulate_traffic(TrafficConfig(n_sessions=120, seed=36, slots=slots("spool")), w.start, w.end)
+    insert_user_sessions(client, traffic.sessions)
+    epoch = pd.Timestamp(0, tz="UTC")
+    logs = traffic.logs.assign(ts=(traffic.logs["ts"] - epoch) / pd.Timedelta(seconds=1))
+    rows = list(logs[list(INFERENCE_LOG_COLUMNS)].itertuples(index=False, name=None))
+    SpoolWriter(settings.resolved_spool_dir, 1 << 30, "impact-test").write(rows)
+    assert read_session_outcomes(client, w.start, w.end).empty  # not yet in ClickHouse
+
+    data = query_impact_sessions.fn(settings, w, [], HOUR)
+    assert len(data.sessions) == 120
+    assert data.coverage.requests > 0 and data.coverage.requests_without_session == 0
+    assert not list(settings.resolved_spool_dir.glob("impact-test-*"))
 
 
 # -- bad input -------------------------------------------------------------------------------
