@@ -9,6 +9,7 @@ Layout (the same on every backend):
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterable
@@ -328,7 +329,36 @@ class ModelStore:
                     f"unreadable, so the blobs it references are unknown ({exc})"
                 ) from exc
             referenced.update(ref.sha256 for ref in _blob_refs(manifest))
+        # Records kept beside versions (calibration reports, impact-report attachments) and the
+        # calibration-set pointer reference blobs too: every {"sha256", "size"} in them counts.
+        for prefix in RECORD_PREFIXES:
+            for key in self.backend.list_keys(prefix):
+                if key.endswith(".json") and not key.endswith("/manifest.json"):
+                    try:
+                        referenced.update(_digests_in(json.loads(self.backend.get_bytes(key))))
+                    except (ValueError, KeyError) as exc:
+                        raise StoreError(
+                            f"gc refused: record {key} in {self.backend.describe()} is unreadable, "
+                            f"so the blobs it references are unknown ({exc})"
+                        ) from exc
         return referenced
+
+
+RECORD_PREFIXES = ("versions/", "calibration/", "reports/")
+
+
+def _digests_in(value: object) -> set[str]:
+    """Every sha256 of a blob reference ({"sha256": ..., "size": ...}) nested anywhere in value."""
+    if isinstance(value, dict):
+        found = (
+            {value["sha256"]} if isinstance(value.get("sha256"), str) and "size" in value else set()
+        )
+        for item in value.values():
+            found |= _digests_in(item)
+        return found
+    if isinstance(value, list):
+        return set().union(*(_digests_in(item) for item in value)) if value else set()
+    return set()
 
 
 def _blob_refs(manifest: VersionManifest) -> list[BlobRef]:

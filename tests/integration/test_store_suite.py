@@ -347,3 +347,18 @@ def test_create_if_absent_write_refuses_other_bytes_and_accepts_its_own_again(st
     assert store.backend.put_bytes("versions/v9/manifest.json", b"mine", exclusive=True)
     assert not store.backend.put_bytes("versions/v9/manifest.json", b"theirs", exclusive=True)
     assert store.backend.get_bytes("versions/v9/manifest.json") == b"mine"
+
+
+def test_gc_keeps_blobs_that_records_beside_versions_reference(store: ModelStore, tmp_path: Path):
+    store.publish(publishable(store, tmp_path, "v1"))
+    calibration_set = store.put_blob(write_random(tmp_path / "calibration.parquet", 5_000))
+    report_html = store.put_blob(write_random(tmp_path / "report.html", 6_000))
+    store.backend.put_bytes("calibration/current.json", calibration_set.model_dump_json().encode())
+    store.backend.put_bytes(
+        "versions/v1/attachments/impact-report/r1.json",
+        json.dumps({"blobs": {"html": report_html.model_dump()}}).encode(),
+    )
+    report = store.gc(now=datetime.now(UTC) + timedelta(hours=2))
+    assert report.deleted == []
+    for ref in (calibration_set, report_html):
+        store.fetch_blob(ref, tmp_path / "check" / ref.sha256)
