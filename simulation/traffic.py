@@ -56,7 +56,7 @@ class TrafficReport:
     sessions: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
-def _request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
+def request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
     """Group consecutive events into home-feed requests that share user, session and context."""
     bodies = []
     for start in range(0, len(events) - candidates + 1, candidates):
@@ -99,7 +99,7 @@ def drive(
         days=0.05,
         chunk=traffic.seed,
     )
-    bodies = _request_bodies(events, traffic.candidates)
+    bodies = request_bodies(events, traffic.candidates)
     run = uuid.uuid4().hex[:8]
     session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
     for body, session_id in zip(bodies, session_of, strict=True):

@@ -70,36 +70,15 @@ def published_version(tmp_path_factory: pytest.TempPathFactory) -> PublishedVers
     from model_store import ModelStore
     from model_store.local import LocalBackend
     from simulation.shop import ShopConfig, generate_events
-    from tasks.compilation import CompileOutcome, optimise_fp32, quantise_int8
-    from tasks.export import export_model
-    from tasks.lineage import compute_lineage_record
-    from tasks.registry import build_manifest
-    from tasks.training import TrainConfig, train_model
+    from tasks.registry import train_and_publish
+    from tasks.training import TrainConfig
 
     root = tmp_path_factory.mktemp("published")
-    workdir = root / "run"
-    workdir.mkdir()
     frame = generate_events(ShopConfig(seed=11), 30_000, datetime(2026, 11, 1, tzinfo=UTC))
-    trained = train_model(frame, TrainConfig(seed=11, epochs=1))
-    import torch
-
-    torch.save(trained.model.state_dict(), workdir / "weights.pt")
-    model_path = export_model(trained.model, workdir / "model.onnx")
-    engines = [
-        optimise_fp32(model_path, workdir / "ort-fp32.onnx"),
-        quantise_int8(model_path, workdir / "ort-int8.onnx"),
-    ]
-    record = compute_lineage_record(model_path, frame, engines, "fixture-window")
     store = ModelStore(LocalBackend(root / "store"))
-    manifest = build_manifest(
-        trained,
-        CompileOutcome(engines=engines, parity=[]),
-        record,
-        store,
-        model_path,
-        workdir / "weights.pt",
+    manifest, trained = train_and_publish(
+        store, frame, TrainConfig(seed=11, epochs=1), root / "run", "fixture-window"
     )
-    store.publish(manifest)
     return PublishedVersion(
-        store=store, manifest=manifest, workdir=workdir, holdout_x=trained.holdout_x
+        store=store, manifest=manifest, workdir=root / "run", holdout_x=trained.holdout_x
     )
