@@ -18,6 +18,7 @@ DEMO_CANARY = {
     "traffic_rps": 60.0,
     "min_requests": 50,
     "approval_timeout_s": 600,
+    "impact_min_sessions": 200,
 }
 
 

@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 from pydantic import Field
 
+from flows.impact import impact_report
 from relay.settings import get_settings
 from relay.types import Verdict
 from simulation.traffic import LiveTraffic
@@ -31,6 +32,7 @@ from tasks.canary import (
     CanaryRejected,
     Release,
     analyse_canary_step,
+    canary_period,
     check_blessing,
     decision_verdict,
     deploy_canary,
@@ -75,6 +77,8 @@ def retrain_and_release(
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     simulate_traffic: bool = True,
     traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
+    impact_report_after: bool = True,
+    impact_min_sessions: Annotated[int, Field(ge=10)] = 500,
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
     settings = get_settings()
@@ -83,7 +87,9 @@ def retrain_and_release(
 
     frame = read_training_window(settings, window)
     validate_training_data(frame, window, DataLimits(min_rows=min_rows))
-    trained = train_ctr_model(frame, TrainConfig(seed=seed, epochs=epochs, batch_size=batch_size), workdir)
+    trained = train_ctr_model(
+        frame, TrainConfig(seed=seed, epochs=epochs, batch_size=batch_size), workdir
+    )
     model_path = export_onnx(trained, workdir)
     compiled = compile_engines(model_path, trained, workdir)
     lineage = compute_lineage(model_path, frame, compiled.engines, str(window))
@@ -130,6 +136,7 @@ def retrain_and_release(
         if simulate_traffic
         else None
     )
+    outcome, reason = "promoted", f"canary passed at {canary_steps[-1]}%: promoted to stable"
     try:
         with transaction() as txn:
             txn.set("release", release)
@@ -162,11 +169,16 @@ def retrain_and_release(
             promote_canary(settings, release)
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
-        return finish_release(settings, summary, release, "rolled_back", rejected.gate.reason)
-    return finish_release(
-        settings,
-        summary,
-        release,
-        "promoted",
-        f"canary passed at {canary_steps[-1]}%: promoted to stable",
-    )
+        outcome, reason = "rolled_back", rejected.gate.reason
+
+    if impact_report_after:  # what the canary's latency cost, over the canary's own window
+        start, end = canary_period(settings, release)
+        impact_report(
+            start=start,
+            end=end,
+            model_versions=[stable, release.version],
+            attach_to=release.version,
+            min_sessions=impact_min_sessions,
+            return_state=True,
+        )
+    return finish_release(settings, summary, release, outcome, reason)

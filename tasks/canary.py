@@ -334,6 +334,16 @@ def analyse_canary_step(
     return gate
 
 
+@task(name="read-canary-period", cache_policy=NO_CACHE)
+def canary_period(settings: Settings, release: Release) -> tuple[datetime, datetime]:
+    """From the canary's deploy to now: the window the impact report analyses."""
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    deploys = [e.ts for e in events_of_release(client, release.release_id) if e.kind == "deploy"]
+    end = datetime.now(UTC)
+    start = deploys[0] if deploys else end
+    return (start if start.tzinfo else start.replace(tzinfo=UTC)), end
+
+
 @task(name="promote-canary", cache_policy=NO_CACHE)
 def promote_canary(settings: Settings, release: Release) -> FleetResult:
     """Canary becomes stable on every worker; champion moves (with history); an event is emitted."""

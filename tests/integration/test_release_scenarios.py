@@ -48,6 +48,7 @@ from tasks.canary import Release, check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.data import window_ending
 from tasks.export import export_model
+from tasks.impact import list_impact_reports
 from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tasks.training import TrainConfig, predict, train_model
@@ -69,6 +70,7 @@ RUN = {
     "min_requests": 40,
     "traffic_rps": 30.0,
     "approval_timeout_s": 120,
+    "impact_report_after": False,
 }
 
 
@@ -183,7 +185,9 @@ def test_first_release_deploys_as_stable_and_becomes_champion(fleet):
 
 
 def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
-    summary = run_release(seed=2, canary_steps=[25, 50])
+    summary = run_release(
+        seed=2, canary_steps=[25, 50], impact_report_after=True, impact_min_sessions=10
+    )
     assert summary.outcome == "promoted", summary.reason
     store = open_store(get_settings())
     assert store.get_alias("champion") == summary.version
@@ -194,6 +198,8 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
     assert events["promote"][0].verdict == "passed"
     history = store.alias_history("champion")
     assert [h.version for h in history[-2:]] == [fleet.versions["v1"], summary.version]
+    reports = list_impact_reports(store, summary.version)  # the canary window's impact report
+    assert len(reports) == 1 and reports[0].finding
     fleet.versions["v2"] = summary.version
 
 
