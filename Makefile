@@ -6,7 +6,10 @@ PREFECT_PORT ?= 4200
 export PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 export PREFECT_HOME    ?= $(CURDIR)/.relay/prefect
 export RELAY_PREFECT_UI_URL ?= http://127.0.0.1:$(PREFECT_PORT)
-export RELAY_SERVING_FLEET_URLS ?= $(shell deployments/local/serving.sh urls)
+export RELAY_LOCAL_SERVING_PORTS ?= 8711 8712
+comma := ,
+space := $(subst ,, )
+export RELAY_SERVING_FLEET_URLS ?= $(subst $(space),$(comma),$(foreach p,$(RELAY_LOCAL_SERVING_PORTS),http://127.0.0.1:$(p)))
 TOKEN_FILE := .relay/serving-admin-token
 
 .PHONY: install demo test test-fast up down bench lint clean

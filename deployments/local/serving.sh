@@ -36,7 +36,5 @@ case "${1:-}" in
         kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; echo "serving worker on $port stopped"
       fi
     done ;;
-  urls)
-    printf 'http://127.0.0.1:%s,' "${ports[@]}" | sed 's/,$//' ;;
-  *) echo "usage: $0 start|stop|urls" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac
