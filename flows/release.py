@@ -73,6 +73,7 @@ def retrain_and_release(
     slo_p95_ms: Annotated[float, Field(gt=0)] = 300.0,
     slo_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.01,
     canary_p95_ratio: Annotated[float, Field(ge=1)] = 1.2,
+    canary_p95_slack_ms: Annotated[float, Field(ge=0)] = 10.0,
     min_requests: Annotated[int, Field(ge=1)] = 200,
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     simulate_traffic: bool = True,
@@ -130,7 +131,13 @@ def retrain_and_release(
             settings, summary, release, "unchanged", "the fleet already serves this version"
         )
 
-    limits = SloThresholds(slo_p95_ms, slo_error_rate, canary_p95_ratio, min_requests)
+    limits = SloThresholds(
+        max_p95_ms=slo_p95_ms,
+        max_error_rate=slo_error_rate,
+        max_p95_ratio=canary_p95_ratio,
+        min_p95_delta_ms=canary_p95_slack_ms,
+        min_requests=min_requests,
+    )
     traffic = (
         LiveTraffic(rate_rps=traffic_rps, duration_s=analysis_window_s, seed=seed)
         if simulate_traffic

@@ -14,7 +14,8 @@ class SloThresholds:
 
     max_p95_ms: float = 300.0
     max_error_rate: float = 0.01
-    max_p95_ratio: float = 1.2  # canary P95 may be at most this times stable's
+    max_p95_ratio: float = 1.2  # canary P95 may be at most this times stable's ...
+    min_p95_delta_ms: float = 10.0  # ... unless within this many ms: at 15 ms, 1.2x is noise
     min_requests: int = 200  # per slot and window; below it nothing can be concluded
     consecutive_error_limit: int = 4  # failed queries in a row before the verdict is `error`
 
@@ -34,6 +35,7 @@ def assess_slo(stats: list[SlotStats], canary_version: str, limits: SloThreshold
         "max_p95_ms": limits.max_p95_ms,
         "max_error_rate": limits.max_error_rate,
         "max_p95_ratio": limits.max_p95_ratio,
+        "min_p95_delta_ms": limits.min_p95_delta_ms,
         "min_requests": float(limits.min_requests),
     }
     measured: dict[str, float] = {"canary_requests": float(canary.requests if canary else 0)}
@@ -70,7 +72,7 @@ def assess_slo(stats: list[SlotStats], canary_version: str, limits: SloThreshold
     if stable is not None and stable.requests >= limits.min_requests and stable.p95_ms > 0:
         ratio = canary.p95_ms / stable.p95_ms
         measured["p95_ratio"] = ratio
-        if ratio > limits.max_p95_ratio:
+        if ratio > limits.max_p95_ratio and canary.p95_ms - stable.p95_ms > limits.min_p95_delta_ms:
             failures.append(
                 f"canary P95 is {ratio:.2f}x stable's ({canary.p95_ms:.1f} vs {stable.p95_ms:.1f} ms) > {limits.max_p95_ratio:g}x"
             )
