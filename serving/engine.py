@@ -214,6 +214,14 @@ def load_model(
     max_batch_rows: int,
 ) -> LoadedModel:
     """Load the version's best engine for this host and warm it. Raises ServingError/StoreError."""
+    # TensorRT hook: a plan built for this host's GPU, filed beside the version after it was
+    # published, wins when there is one (serving/tensorrt_engine.py; None on hosts without
+    # tensorrt + CUDA, without a plan, or when the plan fails to load: then ONNX Runtime below).
+    from serving.tensorrt_engine import load_local_plan  # here: that module imports this one
+
+    planned = load_local_plan(store, manifest, ref, cache_dir, max_batch_rows=max_batch_rows)
+    if planned is not None:
+        return planned
     host = detect_capabilities(
         want_tensorrt=any(e.name.startswith("trt-") for e in manifest.engines)
     )

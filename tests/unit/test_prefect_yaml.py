@@ -31,7 +31,14 @@ def test_work_pool_has_a_base_job_template(name):
 
 
 def test_expected_deployments_and_schedules():
-    assert set(DEPLOYMENTS) == {"retrain-and-release", "rollback", "release-guard", "impact-report"}
+    assert set(DEPLOYMENTS) == {
+        "retrain-and-release",
+        "rollback",
+        "release-guard",
+        "impact-report",
+        "compile-tensorrt",
+    }
+    assert DEPLOYMENTS["compile-tensorrt"]["work_pool"]["name"] == "gpu"
     weekly = DEPLOYMENTS["retrain-and-release"]["schedules"][0]
     assert weekly["cron"] == "0 3 * * 1" and weekly["timezone"] == "UTC"
     assert DEPLOYMENTS["retrain-and-release"]["concurrency_limit"]["limit"] == 1
