@@ -19,7 +19,7 @@ from model_store import ModelStore, open_store
 from relay.errors import RelayError, StoreError
 from relay.settings import Settings
 from relay.types import AliasEvent, LineageId
-from tasks.registry import _mlflow_client
+from tasks.tracking import mlflow_client
 
 # MLflow's own rules for alias names: checked before the store is written, so a name MLflow
 # would refuse never leaves a store move without its mirror.
@@ -138,7 +138,7 @@ def move_alias(
     # No task retries: a retry would record the move twice. The mirror repairs itself instead.
     return record_alias_move(
         open_store(settings),
-        _mlflow_client(settings),
+        mlflow_client(settings),
         settings.mlflow_model_name,
         alias,
         version,

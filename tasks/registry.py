@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,8 +13,10 @@ from prefect.cache_policies import NO_CACHE
 from model_store import ModelStore, open_store
 from relay.settings import Settings
 from relay.types import LINEAGE_PARTS, EngineRecord, VersionManifest
+from tasks.aliases import move_alias
 from tasks.compilation import CompileOutcome
 from tasks.lineage import LineageRecord
+from tasks.tracking import mlflow_client
 from tasks.training import TrainedModel
 
 CANDIDATE = "candidate"
@@ -101,19 +102,9 @@ def train_and_publish(
     return store.publish(manifest), trained
 
 
-def _mlflow_client(settings: Settings) -> Any:
-    from mlflow import MlflowClient
-
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    uri = settings.resolved_mlflow_uri
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
 def log_mlflow_run(settings: Settings, manifest: VersionManifest) -> str:
     """The MLflow run for this lineage (params, metrics, lineage tags), created once."""
-    client = _mlflow_client(settings)
+    client = mlflow_client(settings)
     experiment = client.get_experiment_by_name("relay")
     experiment_id = experiment.experiment_id if experiment else client.create_experiment("relay")
     found = client.search_runs(
@@ -137,7 +128,7 @@ def log_mlflow_run(settings: Settings, manifest: VersionManifest) -> str:
 
 def register_mlflow_version(settings: Settings, manifest: VersionManifest, store_url: str) -> str:
     """The registered-model version for this lineage, created once."""
-    client = _mlflow_client(settings)
+    client = mlflow_client(settings)
     name = settings.mlflow_model_name
     existing = client.search_model_versions(
         f"name='{name}' and tags.lineage_id='{manifest.lineage_id}'"
@@ -153,12 +144,6 @@ def register_mlflow_version(settings: Settings, manifest: VersionManifest, store
         tags={"lineage_id": manifest.lineage_id},
     )
     return str(model_version.version)
-
-
-def set_mlflow_alias(settings: Settings, alias: str, model_version: str) -> None:
-    _mlflow_client(settings).set_registered_model_alias(
-        settings.mlflow_model_name, alias, model_version
-    )
 
 
 @task(name="register-candidate", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -179,10 +164,9 @@ def register_candidate(
     manifest.mlflow_run_id = log_mlflow_run(settings, manifest)
     published = store.publish(manifest)  # last: a half-registered version never shows
     mlflow_version = register_mlflow_version(settings, published, settings.resolved_model_store_url)
-    store.set_alias(
-        CANDIDATE, published.version, actor=actor, reason="registered by retrain_and_release"
+    move_alias.fn(
+        settings, CANDIDATE, published.version, actor, "registered by retrain_and_release"
     )
-    set_mlflow_alias(settings, CANDIDATE, mlflow_version)
     return Registration(
         version=published.version,
         lineage_id=published.lineage_id,

@@ -14,7 +14,8 @@ from relay.errors import StoreError
 from relay.settings import Settings
 from relay.types import VersionManifest
 from tasks.aliases import AliasMirrorFailed, mirror_alias, move_alias, record_alias_move
-from tasks.registry import _mlflow_client, log_mlflow_run, register_mlflow_version
+from tasks.registry import log_mlflow_run, register_mlflow_version
+from tasks.tracking import mlflow_client
 from tests.integration.store_testbed import publishable
 
 pytest_plugins = ("tests.integration.store_fixtures",)
@@ -24,7 +25,7 @@ pytest_plugins = ("tests.integration.store_fixtures",)
 def registry(settings: Settings) -> tuple[Settings, Any]:
     """Settings naming a registered model of this test's own, and an MLflow client for it."""
     own = settings.model_copy(update={"mlflow_model_name": f"relay-store-{uuid.uuid4().hex[:8]}"})
-    return own, _mlflow_client(own)
+    return own, mlflow_client(own)
 
 
 def registered(settings: Settings, store: ModelStore, workdir: Path, seed: str) -> tuple[str, str]:
