@@ -6,6 +6,7 @@ The real build and run need CUDA; bench/gpu_check.py exercises them on a GPU hos
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
@@ -471,3 +472,18 @@ def test_plan_flow_rejects_a_disordered_profile_before_any_work():
 def test_probe_result_type_is_data():
     probe = GpuProbe(None, NO_CUDA)
     assert not probe.available and probe.reason == NO_CUDA
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")
+def test_gpu_check_runs_on_a_cpu_host_and_says_why_tensorrt_was_skipped(tmp_path, capsys):
+    from bench import gpu_check
+
+    out = tmp_path / "gpu_check.json"
+    argv = ["--events", "4000", "--batches", "1,16", "--seconds", "0.01", "--out", str(out)]
+    assert gpu_check.main(argv) == 0
+    figures = json.loads(out.read_text())
+    assert figures == json.loads(capsys.readouterr().out)
+    assert figures["tensorrt"]["status"] == "skipped"
+    assert figures["tensorrt"]["reason"].startswith(NO_CUDA)
+    assert set(figures["latency"]) == {"ort-fp32"}
+    assert figures["latency"]["ort-fp32"]["16"]["p50_ms"] > 0
