@@ -80,7 +80,10 @@ def main() -> None:
             store, frame, TrainConfig(seed=2, epochs=1), tmp / "v2", "bench"
         )
         bodies_path = tmp / "bodies.json"
-        bodies_path.write_text(json.dumps(request_bodies(frame.iloc[:4000], 20)))
+        bodies = request_bodies(frame.iloc[:4000], 20)
+        for i, body in enumerate(bodies):
+            body["session"]["session_id"] = f"bench-{i // 4}"
+        bodies_path.write_text(json.dumps(bodies))
 
         env = {
             "RELAY_HOME": str(tmp / "home"),
@@ -129,6 +132,8 @@ def main() -> None:
                 w.stop()
 
     during = [r for r in records if any(r[0] <= end and r[1] >= start for start, end in windows)]
+    if sum(1 for r in records if r[2]) < 0.99 * len(records) - len(during):
+        raise SystemExit("most requests failed outside rollbacks: the load generator is broken")
     figures = {
         "cycles": len(rollback_ms),
         "workers": 2,
