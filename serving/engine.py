@@ -1,15 +1,15 @@
 """Engines: pick the best engine a version ships for this host, fetch it verified, warm it, run it.
 
-Preference: a TensorRT plan (`trt-*`) when tensorrt imports and CUDA is present; otherwise
-ONNX Runtime on the optimised fp32 graph (`ort-fp32`, the CUDA provider first when ONNX Runtime
-has it), then `ort-int8`. Every engine file comes from the content-addressed store and is
-hashed again when reused from the local cache, so a worker never runs bytes the manifest did
-not name.
+Preference: a TensorRT plan built for this host's GPU when tensorrt and CUDA are present (plans
+are filed beside the version, not in its manifest: serving/tensorrt_engine.py, tried first by
+`load_model`); otherwise ONNX Runtime on the optimised fp32 graph (`ort-fp32`, the CUDA
+provider first when ONNX Runtime has it), then `ort-int8`. Every engine file comes from the
+content-addressed store and is hashed again when reused from the local cache, so a worker never
+runs bytes the manifest did not name.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,43 +45,29 @@ class Engine(Protocol):
 
 @dataclass(frozen=True)
 class HostCapabilities:
-    """What this host can run."""
+    """What ONNX Runtime can use on this host."""
 
     ort_providers: tuple[str, ...]
-    tensorrt: bool  # tensorrt importable and a CUDA device present
 
     @property
     def ort_cuda(self) -> bool:
         return "CUDAExecutionProvider" in self.ort_providers
 
 
-def detect_capabilities(*, want_tensorrt: bool) -> HostCapabilities:
-    """Probe the host; TensorRT (and the torch import it needs) only when a plan is on offer."""
-    tensorrt = False
-    if want_tensorrt and importlib.util.find_spec("tensorrt") is not None:
-        try:
-            import torch
-
-            tensorrt = bool(torch.cuda.is_available())
-        except ImportError:
-            tensorrt = False
-    return HostCapabilities(tuple(ort.get_available_providers()), tensorrt)
+def detect_capabilities() -> HostCapabilities:
+    return HostCapabilities(tuple(ort.get_available_providers()))
 
 
 def choose_engine(manifest: VersionManifest, host: HostCapabilities) -> EngineRecord:
-    """The engine record this host should run. Raises ServingError if there is none it can run."""
+    """The ONNX Runtime engine this host should run. Raises ServingError if there is none."""
     by_name = {e.name: e for e in manifest.engines}
-    if host.tensorrt:
-        for engine in manifest.engines:
-            if engine.name.startswith("trt-"):
-                return engine
     for name in ORT_PREFERENCE:
         if name in by_name:
             return by_name[name]
     raise ServingError(
         f"version {manifest.version} has no engine this host can run: it ships "
         f"{[e.name for e in manifest.engines] or 'none'}, this host runs "
-        f"{'TensorRT, ' if host.tensorrt else ''}{', '.join(ORT_PREFERENCE)}"
+        f"{', '.join(ORT_PREFERENCE)} ({', '.join(host.ort_providers)})"
     )
 
 
@@ -125,47 +111,6 @@ class OrtEngine:
 
     def close(self) -> None:
         self._session = None  # the session's memory goes with its last reference
-
-
-class TensorRtEngine:
-    """A TensorRT plan (built on this GPU model) run through torch CUDA buffers on one stream."""
-
-    def __init__(self, name: str, path: Path) -> None:
-        import tensorrt as trt
-        import torch
-
-        self.name = name
-        self._torch = torch
-        self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self._engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
-        if self._engine is None:
-            raise ServingError(f"TensorRT could not deserialise {path}: built for another GPU?")
-        names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
-        inputs = [n for n in names if self._engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if n not in inputs]
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise ServingError(f"TensorRT plan {path} has inputs {inputs} and outputs {outputs}")
-        self._input, self._output = inputs[0], outputs[0]
-        self._context = self._engine.create_execution_context()
-        self._stream = torch.cuda.Stream()
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        torch = self._torch
-        with torch.cuda.stream(self._stream):  # copies and the plan share one ordered stream
-            device_in = torch.from_numpy(x).to("cuda", non_blocking=True)
-            device_out = torch.empty((x.shape[0],), dtype=torch.float32, device="cuda")
-            self._context.set_input_shape(self._input, tuple(x.shape))
-            self._context.set_tensor_address(self._input, device_in.data_ptr())
-            self._context.set_tensor_address(self._output, device_out.data_ptr())
-            if not self._context.execute_async_v3(self._stream.cuda_stream):
-                raise ServingError(f"TensorRT engine {self.name} failed on a batch of {len(x)}")
-            host_out = device_out.to("cpu")
-        self._stream.synchronize()
-        return host_out.numpy()
-
-    def close(self) -> None:
-        self._context = None
-        self._engine = None
 
 
 @dataclass
@@ -222,21 +167,11 @@ def load_model(
     planned = load_local_plan(store, manifest, ref, cache_dir, max_batch_rows=max_batch_rows)
     if planned is not None:
         return planned
-    host = detect_capabilities(
-        want_tensorrt=any(e.name.startswith("trt-") for e in manifest.engines)
-    )
+    host = detect_capabilities()
     record = choose_engine(manifest, host)
     path = fetch_engine_file(store, record, cache_dir)
-    engine: Engine
-    if record.name.startswith("trt-"):
-        engine = TensorRtEngine(record.name, path)
-    else:
-        providers = (
-            ["CUDAExecutionProvider", "CPUExecutionProvider"]
-            if host.ort_cuda
-            else ["CPUExecutionProvider"]
-        )
-        engine = OrtEngine(record.name, path, threads, providers)
+    providers = ["CUDAExecutionProvider"] if host.ort_cuda else []
+    engine: Engine = OrtEngine(record.name, path, threads, [*providers, "CPUExecutionProvider"])
     started = time.perf_counter()
     try:
         warm_up(engine, max_batch_rows)
