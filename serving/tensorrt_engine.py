@@ -59,7 +59,8 @@ class TensorRtPlanEngine:
 
         self.name = name
         self._torch = torch
-        self._runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        self._logger = trt.Logger(trt.Logger.WARNING)  # outlives the runtime that reports to it
+        self._runtime = trt.Runtime(self._logger)
         engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if engine is None:
             raise ServingError(
