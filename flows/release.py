@@ -49,6 +49,7 @@ from tasks.lineage import compute_lineage
 from tasks.registry import register_candidate
 from tasks.slo import SloThresholds
 from tasks.summary import ReleaseSummary, finish_release, publish_release_summary
+from tasks.tensorrt import request_tensorrt_plan
 from tasks.training import TrainConfig, train_ctr_model
 from tasks.workdir import run_workdir
 
@@ -78,6 +79,7 @@ def retrain_and_release(
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     simulate_traffic: bool = True,
     traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
+    tensorrt_wait_s: Annotated[float, Field(ge=0, le=7200)] = 900.0,
     impact_report_after: bool = True,
     impact_min_sessions: Annotated[int, Field(ge=10)] = 500,
 ) -> ReleaseSummary:
@@ -116,6 +118,9 @@ def retrain_and_release(
             settings, summary, release, "blessed", "deploy=false: blessed, not deployed"
         )
 
+    request_tensorrt_plan(
+        settings, release.version, wait_s=tensorrt_wait_s
+    )  # skipped without a gpu pool
     stable = read_fleet_stable(settings)
     if stable is None:
         deploy_first_release(settings, release)
