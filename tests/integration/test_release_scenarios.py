@@ -71,6 +71,12 @@ RUN = {
     "traffic_rps": 30.0,
     "approval_timeout_s": 120,
     "impact_report_after": False,
+    # Two cores run the workers, the shoppers, Prefect and this test: the canary's relative P95
+    # swings with scheduling (1.4x-2.6x seen on a loaded machine), so only gross gaps count here.
+    # The relative rule itself is unit-tested (tests/unit/test_slo_gate.py).
+    "canary_p95_ratio": 3.0,
+    "canary_p95_slack_ms": 100.0,
+    "tensorrt_wait_s": 0,
 }
 
 
