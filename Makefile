@@ -25,11 +25,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# The server, the serving fleet, the work pools and every deployment in prefect.yaml (schedules and
+# UI buttons), and a worker in the `cpu` pool whose flow runs reach the fleet.
 up: install
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
 	deployments/local/serving.sh start
+	RELAY_REPO_DIR=$(CURDIR) deployments/local/deploy.sh
+	RELAY_REPO_DIR=$(CURDIR) deployments/local/prefect-worker.sh start
 
 down:
+	-deployments/local/prefect-worker.sh stop
 	-deployments/local/serving.sh stop
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh stop
 
