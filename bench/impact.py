@@ -58,8 +58,15 @@ def run(rows: int, keep: bool) -> dict[str, float | int]:
     try:
         started = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "bench.impact", "--seed-into", dsn,
-             "--sessions", str(round(rows / REQUESTS_PER_SESSION))],
+            [
+                sys.executable,
+                "-m",
+                "bench.impact",
+                "--seed-into",
+                dsn,
+                "--sessions",
+                str(round(rows / REQUESTS_PER_SESSION)),
+            ],
             check=True,
         )
         print(f"seed (child process): {time.perf_counter() - started:.1f} s")
@@ -113,10 +120,14 @@ def time_report(dsn: str, workdir: Path) -> dict[str, float | int]:
         "peak_rss_mb": round(_peak_rss_mb(), 1),
     }
     frame_mb = data.sessions.memory_usage(deep=True).sum() / 2**20
-    print(f"query {t1 - t0:.2f} s · analyses {t2 - t1:.2f} s · render {t3 - t2:.2f} s · "
-          f"store {t4 - t3:.2f} s")
-    print(f"RSS before the report {baseline_rss:,.0f} MB, peak {figures['peak_rss_mb']:,} MB; "
-          f"per-session frame in Python {frame_mb:,.1f} MB for {len(data.sessions):,} rows")
+    print(
+        f"query {t1 - t0:.2f} s · analyses {t2 - t1:.2f} s · render {t3 - t2:.2f} s · "
+        f"store {t4 - t3:.2f} s"
+    )
+    print(
+        f"RSS before the report {baseline_rss:,.0f} MB, peak {figures['peak_rss_mb']:,} MB; "
+        f"per-session frame in Python {frame_mb:,.1f} MB for {len(data.sessions):,} rows"
+    )
     print(f"finding: {report.finding.value}: {report.headline}")
     for e in report.estimates:
         print(f"  {e.key:16} {e.value:+.4f} [{e.ci_low:+.4f}, {e.ci_high:+.4f}] GMV/session/ms")

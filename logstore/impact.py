@@ -120,8 +120,7 @@ _SESSION_OUTCOMES_SQL = (
     ORDER BY started_at, session_id
     """
 )
-_COVERAGE_SQL = (
-    """
+_COVERAGE_SQL = """
     SELECT
         (SELECT count() FROM user_sessions
          WHERE started_at >= {start:DateTime64(3, 'UTC')}
@@ -151,8 +150,9 @@ _COVERAGE_SQL = (
                WHERE started_at >= {sessions_from:DateTime64(3, 'UTC')}
                  AND started_at < {end:DateTime64(3, 'UTC')})) AS unknown_session_ids
     """
+_VERSION_FILTER = (
+    "(empty({versions:Array(String)}) OR has({versions:Array(String)}, model_version))"
 )
-_VERSION_FILTER = "(empty({versions:Array(String)}) OR has({versions:Array(String)}, model_version))"
 _LATENCY_PROFILE_SQL = (
     "SELECT model_version, toString(slot) AS slot, count() AS requests, "
     "avg(latency_ms) AS mean_ms, "
@@ -225,11 +225,21 @@ def read_session_outcomes(
 def empty_session_outcomes() -> pd.DataFrame:
     """A zero-row frame with the columns and dtypes `read_session_outcomes` returns."""
     dtypes = {
-        "session_id": "str", "user_id": "uint64", "started_at": "datetime64[ms]",
-        "user_age": "float32", "device_type": "str", "session_length_s": "float32",
-        "orders": "uint16", "gmv": "float64", "requests": "uint64", "failed_requests": "uint64",
-        "latency_mean_ms": "float64", "latency_p95_ms": "float32", "model_version": "str",
-        "slot": "str", "mixed_versions": "uint8",
+        "session_id": "str",
+        "user_id": "uint64",
+        "started_at": "datetime64[ms]",
+        "user_age": "float32",
+        "device_type": "str",
+        "session_length_s": "float32",
+        "orders": "uint16",
+        "gmv": "float64",
+        "requests": "uint64",
+        "failed_requests": "uint64",
+        "latency_mean_ms": "float64",
+        "latency_p95_ms": "float32",
+        "model_version": "str",
+        "slot": "str",
+        "mixed_versions": "uint8",
     }
     return pd.DataFrame({c: pd.Series(dtype=dtypes[c]) for c in SESSION_OUTCOME_COLUMNS})
 

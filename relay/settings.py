@@ -48,7 +48,9 @@ class Settings(BaseSettings):
         default=5, ge=0, description="Retries per S3 request (and per interrupted download)."
     )
     s3_retry_backoff_s: float = Field(
-        default=0.5, ge=0, description="Backoff factor: waits grow 1x, 2x, 4x ... this many seconds."
+        default=0.5,
+        ge=0,
+        description="Backoff factor: waits grow 1x, 2x, 4x ... this many seconds.",
     )
     s3_timeout_s: float = Field(
         default=60.0, gt=0, description="Connect and read timeout per S3 request, seconds."
@@ -101,7 +103,8 @@ class Settings(BaseSettings):
         default=20_000, ge=1, description="Most log rows per insert or spool segment."
     )
     serving_request_log: bool = Field(
-        default=True, description="Write one inference_logs row per request (off only to benchmark)."
+        default=True,
+        description="Write one inference_logs row per request (off only to benchmark).",
     )
     serving_binary_idle_s: float = Field(
         default=60.0, gt=0.0, description="Binary connections silent this long are closed."

@@ -268,4 +268,3 @@ def seed_traffic(
         sessions += insert_user_sessions(client, traffic.sessions)
         rows += insert_inference_logs(client, traffic.logs)
     return sessions, rows
-

@@ -369,7 +369,8 @@ def prepare_sessions(sessions: pd.DataFrame) -> PreparedSessions:
             confounders.append(name)
         notes.append(
             f"device_type enters the models as indicators against {levels[0]!r} ("
-            + ", ".join(confounders) + ")."
+            + ", ".join(confounders)
+            + ")."
         )
     precision = ["user_age"] if "user_age" in covariates else []
     return PreparedSessions(frame, covariates, confounders, precision, notes)
@@ -392,8 +393,13 @@ def correlate(frame: pd.DataFrame, x: str, y: str) -> Correlation | None:
     result = stats.pearsonr(frame[x], frame[y])
     ci = result.confidence_interval(0.95)
     return Correlation(
-        x=x, y=y, r=float(result.statistic), p_value=float(result.pvalue),
-        ci_low=float(ci.low), ci_high=float(ci.high), n=len(frame),
+        x=x,
+        y=y,
+        r=float(result.statistic),
+        p_value=float(result.pvalue),
+        ci_low=float(ci.low),
+        ci_high=float(ci.high),
+        n=len(frame),
     )
 
 
@@ -409,9 +415,13 @@ def bin_by_latency(frame: pd.DataFrame, outcome: str, bins: int) -> list[Latency
         half = Z95 * float(values.std(ddof=1)) / np.sqrt(len(values)) if len(values) > 1 else 0.0
         result.append(
             LatencyBin(
-                low_ms=float(group[TREATMENT].min()), high_ms=float(group[TREATMENT].max()),
-                mid_ms=float(group[TREATMENT].median()), sessions=len(values), mean=mean,
-                ci_low=mean - half, ci_high=mean + half,
+                low_ms=float(group[TREATMENT].min()),
+                high_ms=float(group[TREATMENT].max()),
+                mid_ms=float(group[TREATMENT].median()),
+                sessions=len(values),
+                mean=mean,
+                ci_low=mean - half,
+                ci_high=mean + half,
             )
         )
     return result
@@ -443,11 +453,17 @@ def fit_ols(
     fit, method = _robust_fit(frame, outcome, [TREATMENT, *adjustment])
     low, high = (float(v) for v in fit.conf_int(alpha=0.05).loc[TREATMENT])
     return EffectEstimate(
-        key=key, label=label, outcome=outcome,
+        key=key,
+        label=label,
+        outcome=outcome,
         unit="GMV per session per ms" if outcome == OUTCOME else "s per session per ms",
-        value=float(fit.params[TREATMENT]), ci_low=low, ci_high=high,
-        std_error=float(fit.bse[TREATMENT]), p_value=float(fit.pvalues[TREATMENT]),
-        n=int(fit.nobs), interval_method=method,
+        value=float(fit.params[TREATMENT]),
+        ci_low=low,
+        ci_high=high,
+        std_error=float(fit.bse[TREATMENT]),
+        p_value=float(fit.pvalues[TREATMENT]),
+        n=int(fit.nobs),
+        interval_method=method,
     )
 
 
@@ -542,14 +558,24 @@ def estimate_causal_effect(
             )
             low, high, se, method = float(dowhy_ci[0]), float(dowhy_ci[1]), dowhy_se, "DoWhy OLS"
         else:
-            low, high, se, method = robust.ci_low, robust.ci_high, robust.std_error, (
-                robust.interval_method + f"; DoWhy's own: [{dowhy_ci[0]:.4g}, {dowhy_ci[1]:.4g}]"
+            low, high, se, method = (
+                robust.ci_low,
+                robust.ci_high,
+                robust.std_error,
+                (robust.interval_method + f"; DoWhy's own: [{dowhy_ci[0]:.4g}, {dowhy_ci[1]:.4g}]"),
             )
         backdoor = EffectEstimate(
-            key="dowhy_backdoor", label="DoWhy back-door (linear regression)", outcome=OUTCOME,
-            unit="GMV per session per ms", value=value, ci_low=low, ci_high=high, std_error=se,
+            key="dowhy_backdoor",
+            label="DoWhy back-door (linear regression)",
+            outcome=OUTCOME,
+            unit="GMV per session per ms",
+            value=value,
+            ci_low=low,
+            ci_high=high,
+            std_error=se,
             p_value=float(2 * stats.norm.sf(abs(value / se))) if se > 0 else None,
-            n=len(frame), interval_method=method,
+            n=len(frame),
+            interval_method=method,
         )
         identification = str(estimand)
         try:
@@ -585,14 +611,22 @@ def _frontdoor(model: Any, frame: pd.DataFrame) -> EffectEstimate:
     b, se_b = float(second.params[MEDIATOR]), float(second.bse[MEDIATOR])
     value = float(estimate.value)
     if not np.isclose(value, a * b, rtol=1e-6, atol=1e-9):
-        raise ValueError(f"DoWhy's front-door value {value:.6g} is not the stage product {a * b:.6g}")
+        raise ValueError(
+            f"DoWhy's front-door value {value:.6g} is not the stage product {a * b:.6g}"
+        )
     se = float(np.sqrt(b**2 * se_a**2 + a**2 * se_b**2))
     return EffectEstimate(
-        key="dowhy_frontdoor", label="DoWhy front-door (two-stage via session length)",
-        outcome=OUTCOME, unit="GMV per session per ms", value=value,
-        ci_low=value - Z95 * se, ci_high=value + Z95 * se, std_error=se,
+        key="dowhy_frontdoor",
+        label="DoWhy front-door (two-stage via session length)",
+        outcome=OUTCOME,
+        unit="GMV per session per ms",
+        value=value,
+        ci_low=value - Z95 * se,
+        ci_high=value + Z95 * se,
+        std_error=se,
         p_value=float(2 * stats.norm.sf(abs(value / se))) if se > 0 else None,
-        n=len(frame), interval_method=f"delta method over {method} stages",
+        n=len(frame),
+        interval_method=f"delta method over {method} stages",
     )
 
 
@@ -616,26 +650,47 @@ def _refute(prepared: PreparedSessions, options: ImpactOptions) -> list[Refutati
     original = float(estimate.value)
     tolerance = Z95 * reference.std_error
     plans: list[tuple[str, str, str, dict[str, Any], float]] = [
-        ("placebo", "Placebo treatment (permuted latency)", "placebo_treatment_refuter",
-         {"placebo_type": "permute"}, 0.0),
+        (
+            "placebo",
+            "Placebo treatment (permuted latency)",
+            "placebo_treatment_refuter",
+            {"placebo_type": "permute"},
+            0.0,
+        ),
         ("random_common_cause", "Random common cause added", "random_common_cause", {}, original),
-        ("data_subset", f"Data subset ({options.subset_fraction:.0%} of sessions)",
-         "data_subset_refuter", {"subset_fraction": options.subset_fraction}, original),
+        (
+            "data_subset",
+            f"Data subset ({options.subset_fraction:.0%} of sessions)",
+            "data_subset_refuter",
+            {"subset_fraction": options.subset_fraction},
+            original,
+        ),
     ]
     results = []
     for key, label, method, extra, expected in plans:
         refuted = model.refute_estimate(
-            estimate.target_estimand, estimate, method_name=method,
-            num_simulations=options.refutation_simulations, random_seed=options.seed, **extra,
+            estimate.target_estimand,
+            estimate,
+            method_name=method,
+            num_simulations=options.refutation_simulations,
+            random_seed=options.seed,
+            **extra,
         )
         new_effect = float(refuted.new_effect)
         p_value = (refuted.refutation_result or {}).get("p_value")
         results.append(
             Refutation(
-                key=key, label=label, expected=expected, new_effect=new_effect,
-                tolerance=tolerance, passed=abs(new_effect - expected) <= tolerance,
-                dowhy_p_value=float(p_value) if p_value is not None and np.isfinite(p_value) else None,
-                simulations=options.refutation_simulations, sessions=len(sample),
+                key=key,
+                label=label,
+                expected=expected,
+                new_effect=new_effect,
+                tolerance=tolerance,
+                passed=abs(new_effect - expected) <= tolerance,
+                dowhy_p_value=float(p_value)
+                if p_value is not None and np.isfinite(p_value)
+                else None,
+                simulations=options.refutation_simulations,
+                sessions=len(sample),
                 criterion=f"|re-estimate − {expected:.4g}| ≤ 1.96 × SE = {tolerance:.4g}",
             )
         )
@@ -701,7 +756,9 @@ def compare_slots(
         **counts,
     )
     if causal is None:
-        return result.model_copy(update={"reason": "no causal estimate to translate the difference"})
+        return result.model_copy(
+            update={"reason": "no causal estimate to translate the difference"}
+        )
     value, low, high = _product_interval(diff, diff_se, causal.value, causal.std_error)
     return result.model_copy(
         update={
@@ -724,7 +781,11 @@ def decide_finding(
         frontdoor.ci_high < causal.ci_low or causal.ci_high < frontdoor.ci_low
     ):
         return ImpactFinding.estimators_disagree
-    return ImpactFinding.effect_detected if causal.excludes_zero() else ImpactFinding.no_detectable_effect
+    return (
+        ImpactFinding.effect_detected
+        if causal.excludes_zero()
+        else ImpactFinding.no_detectable_effect
+    )
 
 
 def _money(value: float) -> str:
@@ -779,7 +840,9 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
     if data.sessions.empty:
         why = _why_empty(coverage, data.versions)
         return ImpactReport(
-            **base, finding=ImpactFinding.no_data, caveats=caveats,
+            **base,
+            finding=ImpactFinding.no_data,
+            caveats=caveats,
             headline=f"No data: no session in {data.window} has both a user_sessions row and "
             f"inference requests{why}. Nothing can be concluded.",
         )
@@ -800,7 +863,8 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
         "gmv_by_latency": bin_by_latency(frame, OUTCOME, options.latency_bins),
         "length_by_latency": bin_by_latency(frame, MEDIATOR, options.latency_bins),
         "correlations": [
-            c for c in (correlate(frame, TREATMENT, OUTCOME), correlate(frame, TREATMENT, MEDIATOR))
+            c
+            for c in (correlate(frame, TREATMENT, OUTCOME), correlate(frame, TREATMENT, MEDIATOR))
             if c is not None
         ],
     }
@@ -813,8 +877,12 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
             else "every session saw the same latency, so its effect cannot be estimated"
         )
         return ImpactReport(
-            **base, **descriptive, finding=ImpactFinding.insufficient_data, caveats=caveats,
-            notes=notes, headline=f"Insufficient data: {reason}. Nothing causal can be concluded.",
+            **base,
+            **descriptive,
+            finding=ImpactFinding.insufficient_data,
+            caveats=caveats,
+            notes=notes,
+            headline=f"Insufficient data: {reason}. Nothing causal can be concluded.",
         )
 
     adjustment = prepared.adjustment
@@ -839,12 +907,16 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
         ImpactFinding.estimators_disagree: "the back-door and front-door intervals do not overlap",
     }.get(finding, "")
     if finding is ImpactFinding.refuted:
-        caveats.append(f"A refutation failed ({reason[len('refutation failed: '):]}): the "
-                       "causal estimate should not be used until the cause is understood.")
+        caveats.append(
+            f"A refutation failed ({reason[len('refutation failed: ') :]}): the "
+            "causal estimate should not be used until the cause is understood."
+        )
     if finding is ImpactFinding.estimators_disagree:
-        caveats.append("The back-door and front-door estimates disagree: at least one of their "
-                       "assumption sets is wrong (hidden confounding, or latency acting on GMV "
-                       "other than through session length).")
+        caveats.append(
+            "The back-door and front-door estimates disagree: at least one of their "
+            "assumption sets is wrong (hidden confounding, or latency acting on GMV "
+            "other than through session length)."
+        )
     if not naive.covers(causal.backdoor.value):
         notes.append(
             f"The naive slope ({naive.value:.4g} GMV/ms, 95 % CI {naive.ci_low:.4g} to "
@@ -860,11 +932,18 @@ def analyse_impact(data: ImpactData, options: ImpactOptions) -> ImpactReport:
             "because full mediation by session length is the stronger assumption."
         )
     return ImpactReport(
-        **base, **descriptive, finding=finding,
+        **base,
+        **descriptive,
+        finding=finding,
         headline=headline_for(finding, reason, translation),
-        caveats=caveats, notes=notes, estimates=estimates, session_length_estimate=length,
-        refutations=causal.refutations, identification=causal.identification,
-        translation=translation, slots=slots,
+        caveats=caveats,
+        notes=notes,
+        estimates=estimates,
+        session_length_estimate=length,
+        refutations=causal.refutations,
+        identification=causal.identification,
+        translation=translation,
+        slots=slots,
     )
 
 
@@ -1014,8 +1093,11 @@ def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
 
 
 @task(
-    name="check-report-target", retries=2, retry_delay_seconds=2,
-    retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE,
+    name="check-report-target",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=_worth_retrying,
+    cache_policy=NO_CACHE,
 )
 def check_report_target(settings: Settings, attach_to: str | None) -> None:
     """Fail before any work when the report is to be filed under a version that does not exist."""
@@ -1030,8 +1112,11 @@ def analyse_latency_impact(data: ImpactData, options: ImpactOptions) -> ImpactRe
 
 
 @task(
-    name="store-impact-report", retries=2, retry_delay_seconds=2,
-    retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE,
+    name="store-impact-report",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=_worth_retrying,
+    cache_policy=NO_CACHE,
 )
 def store_impact_report(
     settings: Settings, report: ImpactReport, attach_to: str | None

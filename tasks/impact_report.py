@@ -78,8 +78,14 @@ def build_figures(report: ImpactReport) -> dict[str, dict[str, Any]]:
             "title": "Effect of +1 ms mean latency on GMV per session (95 % CI)",
             "x_label": "GMV per session per ms",
             "estimates": [
-                {"key": e.key, "label": e.label, "value": e.value, "ci_low": e.ci_low,
-                 "ci_high": e.ci_high, "interval_method": e.interval_method}
+                {
+                    "key": e.key,
+                    "label": e.label,
+                    "value": e.value,
+                    "ci_low": e.ci_low,
+                    "ci_high": e.ci_high,
+                    "interval_method": e.interval_method,
+                }
                 for e in report.estimates
             ],
         }
@@ -94,12 +100,21 @@ def build_figures(report: ImpactReport) -> dict[str, dict[str, Any]]:
         figures["canary_vs_stable"] = {
             "title": "Canary minus stable (95 % CI)",
             "panels": [
-                {"label": "session mean latency (ms)", "value": slots.latency_diff_ms,
-                 "ci": slots.latency_diff_ci},
-                {"label": "implied GMV per day", "value": slots.implied_gmv_per_day,
-                 "ci": slots.implied_gmv_per_day_ci},
-                {"label": "measured GMV per session", "value": slots.measured_gmv_diff,
-                 "ci": slots.measured_gmv_diff_ci},
+                {
+                    "label": "session mean latency (ms)",
+                    "value": slots.latency_diff_ms,
+                    "ci": slots.latency_diff_ci,
+                },
+                {
+                    "label": "implied GMV per day",
+                    "value": slots.implied_gmv_per_day,
+                    "ci": slots.implied_gmv_per_day_ci,
+                },
+                {
+                    "label": "measured GMV per session",
+                    "value": slots.measured_gmv_diff,
+                    "ci": slots.measured_gmv_diff_ci,
+                },
             ],
         }
     return _finite(figures)
@@ -146,9 +161,12 @@ def draw_figure(name: str, spec: dict[str, Any]) -> str:
         ys = list(range(len(rows)))[::-1]
         for y, row in zip(ys, rows, strict=True):
             ax.errorbar(
-                [row["value"]], [y],
+                [row["value"]],
+                [y],
                 xerr=[[row["value"] - row["ci_low"]], [row["ci_high"] - row["value"]]],
-                fmt="o", capsize=4, color=_COLORS[0] if row["key"] != "naive" else _COLORS[1],
+                fmt="o",
+                capsize=4,
+                color=_COLORS[0] if row["key"] != "naive" else _COLORS[1],
             )
         ax.axvline(0.0, color="#888", linewidth=0.8)
         ax.set_yticks(ys, [r["label"] for r in rows], fontsize=8)
@@ -158,12 +176,18 @@ def draw_figure(name: str, spec: dict[str, Any]) -> str:
         ys = list(range(len(rows)))[::-1]
         for y, row in zip(ys, rows, strict=True):
             ax.plot(
-                [row["expected"] - row["tolerance"], row["expected"] + row["tolerance"]], [y, y],
-                color="#bbb", linewidth=6, solid_capstyle="butt",
+                [row["expected"] - row["tolerance"], row["expected"] + row["tolerance"]],
+                [y, y],
+                color="#bbb",
+                linewidth=6,
+                solid_capstyle="butt",
             )
-            ax.plot([row["new_effect"]], [y], "o", color=_COLORS[2] if row["passed"] else _COLORS[1])
-        ax.set_yticks(ys, [f"{r['label']} ({'pass' if r['passed'] else 'FAIL'})" for r in rows],
-                      fontsize=8)
+            ax.plot(
+                [row["new_effect"]], [y], "o", color=_COLORS[2] if row["passed"] else _COLORS[1]
+            )
+        ax.set_yticks(
+            ys, [f"{r['label']} ({'pass' if r['passed'] else 'FAIL'})" for r in rows], fontsize=8
+        )
         ax.set_xlabel(spec["x_label"] + " (grey: accepted range)")
     else:
         raise ValueError(f"no drawing for figure {name!r}")
@@ -178,8 +202,14 @@ def _errorbar_panel(ax: Any, panel: dict[str, Any]) -> None:
         ax.text(0.5, 0.5, "not available", ha="center", transform=ax.transAxes)
         return
     low, high = panel["ci"]
-    ax.errorbar([0], [panel["value"]], yerr=[[panel["value"] - low], [high - panel["value"]]],
-                fmt="o", capsize=5, color=_COLORS[0])
+    ax.errorbar(
+        [0],
+        [panel["value"]],
+        yerr=[[panel["value"] - low], [high - panel["value"]]],
+        fmt="o",
+        capsize=5,
+        color=_COLORS[0],
+    )
 
 
 # -- text ----------------------------------------------------------------------------------------
@@ -238,31 +268,59 @@ def render_html(report: ImpactReport) -> str:
         parts += ["<h2>Read this first</h2>", _list(report.caveats)]
     parts += ["<h2>Data</h2>", _coverage_table(report)]
     if report.latency_profile:
-        parts.append(_table(
-            ["version", "slot", "requests", "mean ms", "p50 ms", "p95 ms", "p99 ms"],
-            [[str(p["model_version"]), str(p["slot"]), f"{p['requests']:,}", _num(p["mean_ms"]),
-              _num(p["p50_ms"]), _num(p["p95_ms"]), _num(p["p99_ms"])]
-             for p in report.latency_profile],
-        ))
+        parts.append(
+            _table(
+                ["version", "slot", "requests", "mean ms", "p50 ms", "p95 ms", "p99 ms"],
+                [
+                    [
+                        str(p["model_version"]),
+                        str(p["slot"]),
+                        f"{p['requests']:,}",
+                        _num(p["mean_ms"]),
+                        _num(p["p50_ms"]),
+                        _num(p["p95_ms"]),
+                        _num(p["p99_ms"]),
+                    ]
+                    for p in report.latency_profile
+                ],
+            )
+        )
     for name in ("latency_by_version", "gmv_by_latency", "session_length_by_latency"):
         if name in figures:
             parts.append(_img(name, figures[name]))
     if report.correlations:
-        parts += ["<h2>Correlation (not causation)</h2>", _table(
-            ["latency vs", "Pearson r", "95 % CI", "p-value", "sessions"],
-            [[c.y, _num(c.r, 3), _ci(c.ci_low, c.ci_high, 3), _num(c.p_value, 3), f"{c.n:,}"]
-             for c in report.correlations],
-        )]
+        parts += [
+            "<h2>Correlation (not causation)</h2>",
+            _table(
+                ["latency vs", "Pearson r", "95 % CI", "p-value", "sessions"],
+                [
+                    [c.y, _num(c.r, 3), _ci(c.ci_low, c.ci_high, 3), _num(c.p_value, 3), f"{c.n:,}"]
+                    for c in report.correlations
+                ],
+            ),
+        ]
     if report.estimates:
         rows = [
-            [e.label, _num(e.value), _ci(e.ci_low, e.ci_high), _num(e.p_value, 3),
-             e.interval_method]
+            [
+                e.label,
+                _num(e.value),
+                _ci(e.ci_low, e.ci_high),
+                _num(e.p_value, 3),
+                e.interval_method,
+            ]
             for e in report.estimates
         ]
         if report.session_length_estimate is not None:
             e = report.session_length_estimate
-            rows.append([e.label + " (s per ms)", _num(e.value), _ci(e.ci_low, e.ci_high),
-                         _num(e.p_value, 3), e.interval_method])
+            rows.append(
+                [
+                    e.label + " (s per ms)",
+                    _num(e.value),
+                    _ci(e.ci_low, e.ci_high),
+                    _num(e.p_value, 3),
+                    e.interval_method,
+                ]
+            )
         parts += [
             "<h2>Effect of latency on GMV</h2>",
             "<p>GMV per session per +1 ms of the session's mean request latency.</p>",
@@ -281,16 +339,22 @@ def render_html(report: ImpactReport) -> str:
         parts.append(_img("refutations", figures["refutations"]))
     if report.translation is not None:
         t = report.translation
-        parts += ["<h2>Business translation</h2>", _table(
-            ["quantity", "value", "95 % CI"],
-            [
-                ["sessions per day (observed)", f"{t.sessions_per_day:,.0f}", ""],
-                ["GMV per day (observed)", _num(t.gmv_per_day), ""],
-                ["GMV per day per +1 ms", _num(t.gmv_per_day_per_ms), _ci(t.ci_low, t.ci_high)],
-                ["GMV per day per +100 ms", _num(t.gmv_per_day_per_100ms),
-                 _ci(100 * t.ci_low, 100 * t.ci_high)],
-            ],
-        )]
+        parts += [
+            "<h2>Business translation</h2>",
+            _table(
+                ["quantity", "value", "95 % CI"],
+                [
+                    ["sessions per day (observed)", f"{t.sessions_per_day:,.0f}", ""],
+                    ["GMV per day (observed)", _num(t.gmv_per_day), ""],
+                    ["GMV per day per +1 ms", _num(t.gmv_per_day_per_ms), _ci(t.ci_low, t.ci_high)],
+                    [
+                        "GMV per day per +100 ms",
+                        _num(t.gmv_per_day_per_100ms),
+                        _ci(100 * t.ci_low, 100 * t.ci_high),
+                    ],
+                ],
+            ),
+        ]
     if report.slots is not None:
         parts += ["<h2>This release: canary vs stable</h2>", _slots_html(report)]
         if "canary_vs_stable" in figures:
@@ -349,15 +413,31 @@ def _slots_html(report: ImpactReport) -> str:
     rows = [
         ["sessions (stable / canary)", f"{s.stable_sessions:,} / {s.canary_sessions:,}", ""],
         ["versions (stable / canary)", f"{s.stable_version} / {s.canary_version}", ""],
-        ["mean latency (stable / canary), ms",
-         f"{_num(s.stable_latency_ms)} / {_num(s.canary_latency_ms)}", ""],
-        ["latency difference, ms", _num(s.latency_diff_ms), _ci(*(s.latency_diff_ci or (None, None)))],
-        ["implied GMV per session", _num(s.implied_gmv_per_session),
-         _ci(*(s.implied_gmv_per_session_ci or (None, None)))],
-        ["implied GMV per day at full traffic", _num(s.implied_gmv_per_day),
-         _ci(*(s.implied_gmv_per_day_ci or (None, None)))],
-        ["measured GMV per session difference", _num(s.measured_gmv_diff),
-         _ci(*(s.measured_gmv_diff_ci or (None, None)))],
+        [
+            "mean latency (stable / canary), ms",
+            f"{_num(s.stable_latency_ms)} / {_num(s.canary_latency_ms)}",
+            "",
+        ],
+        [
+            "latency difference, ms",
+            _num(s.latency_diff_ms),
+            _ci(*(s.latency_diff_ci or (None, None))),
+        ],
+        [
+            "implied GMV per session",
+            _num(s.implied_gmv_per_session),
+            _ci(*(s.implied_gmv_per_session_ci or (None, None))),
+        ],
+        [
+            "implied GMV per day at full traffic",
+            _num(s.implied_gmv_per_day),
+            _ci(*(s.implied_gmv_per_day_ci or (None, None))),
+        ],
+        [
+            "measured GMV per session difference",
+            _num(s.measured_gmv_diff),
+            _ci(*(s.measured_gmv_diff_ci or (None, None))),
+        ],
     ]
     note = f"<p>{html.escape(s.reason)}</p>" if s.reason else ""
     return _table(["canary − stable", "value", "95 % CI"], rows) + note
@@ -383,8 +463,10 @@ def render_markdown(report: ImpactReport, stored: StoredImpactReport) -> str:
     ]
     if report.estimates:
         lines += ["| estimate (GMV per session per ms) | value | 95 % CI |", "|---|---|---|"]
-        lines += [f"| {e.label} | {_num(e.value)} | {_ci(e.ci_low, e.ci_high)} |"
-                  for e in report.estimates]
+        lines += [
+            f"| {e.label} | {_num(e.value)} | {_ci(e.ci_low, e.ci_high)} |"
+            for e in report.estimates
+        ]
         lines.append("")
     if report.translation is not None:
         t = report.translation

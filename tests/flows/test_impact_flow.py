@@ -35,19 +35,25 @@ def release_window(prefect_harness, settings):
     """A published canary version and a window of its traffic with a planted effect."""
     lineage = LineageId(model="1" * 64, data="2" * 64, env="3" * 64, build="4" * 64)
     open_store(settings).publish(
-        VersionManifest(version=RELEASE, created_at=datetime.now(UTC), lineage=lineage,
-                        lineage_id=str(lineage))
+        VersionManifest(
+            version=RELEASE, created_at=datetime.now(UTC), lineage=lineage, lineage_id=str(lineage)
+        )
     )
     client = logstore.connect(settings.resolved_clickhouse_dsn)
     slots = (
         SlotTraffic(STABLE, "impact-flow-stable", "s", 0.75),
         SlotTraffic(CANARY, RELEASE, "c", 0.25, extra_latency_ms=30.0),
     )
-    seed_traffic(client, TrafficConfig(n_sessions=2_500, seed=51, gmv_per_ms=-0.1, slots=slots),
-                 START, END)
+    seed_traffic(
+        client, TrafficConfig(n_sessions=2_500, seed=51, gmv_per_ms=-0.1, slots=slots), START, END
+    )
     return impact_report(
-        start=START, end=END, model_versions=["impact-flow-stable", RELEASE], attach_to=RELEASE,
-        **SMALL, return_state=True,
+        start=START,
+        end=END,
+        model_versions=["impact-flow-stable", RELEASE],
+        attach_to=RELEASE,
+        **SMALL,
+        return_state=True,
     )
 
 
@@ -59,13 +65,21 @@ def test_flow_completes_and_files_the_report_under_the_release(release_window, s
     assert stored.finding is not ImpactFinding.no_data
 
 
-def test_stored_files_are_the_self_contained_report_and_its_figures(release_window, settings, tmp_path):
+def test_stored_files_are_the_self_contained_report_and_its_figures(
+    release_window, settings, tmp_path
+):
     stored = release_window.result()
     store = open_store(settings)
     page = store.fetch_blob(stored.blobs["report.html"], tmp_path / "r.html").read_text()
     assert page.count("data:image/png;base64,") == 6 and stored.headline in page
-    document = json.loads(store.fetch_blob(stored.blobs["report.json"], tmp_path / "r.json").read_text())
-    assert set(document["figures"]) >= {"latency_by_version", "effect_estimates", "canary_vs_stable"}
+    document = json.loads(
+        store.fetch_blob(stored.blobs["report.json"], tmp_path / "r.json").read_text()
+    )
+    assert set(document["figures"]) >= {
+        "latency_by_version",
+        "effect_estimates",
+        "canary_vs_stable",
+    }
     assert document["report"]["slots"]["canary_version"] == RELEASE
     assert document["report"]["coverage"]["sessions"] == 2_500
 
@@ -81,7 +95,9 @@ def test_markdown_artifact_carries_headline_numbers_and_links(release_window):
 
 def test_flow_over_an_empty_window_reports_no_data(prefect_harness):
     state = impact_report(
-        start=START - timedelta(days=30), end=START - timedelta(days=29), **SMALL,
+        start=START - timedelta(days=30),
+        end=START - timedelta(days=29),
+        **SMALL,
         return_state=True,
     )
     assert state.is_completed(), state.message
@@ -92,7 +108,11 @@ def test_flow_over_an_empty_window_reports_no_data(prefect_harness):
 
 def test_flow_refuses_to_attach_to_a_missing_version(prefect_harness):
     state = impact_report(
-        start=START, end=END, attach_to="no-such-version", **SMALL, return_state=True,
+        start=START,
+        end=END,
+        attach_to="no-such-version",
+        **SMALL,
+        return_state=True,
     )
     assert state.is_failed()
     assert "no version 'no-such-version'" in str(state.message)

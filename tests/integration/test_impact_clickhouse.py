@@ -70,14 +70,18 @@ def run_report(settings, w: ImpactWindow, versions: list[str]) -> ImpactReport:
 # -- the join --------------------------------------------------------------------------------
 def test_per_session_aggregates_from_clickhouse_match_the_raw_rows(client):
     w = window(1)
-    traffic = simulate_traffic(TrafficConfig(n_sessions=800, seed=31, slots=slots("agg")), w.start, w.end)
+    traffic = simulate_traffic(
+        TrafficConfig(n_sessions=800, seed=31, slots=slots("agg")), w.start, w.end
+    )
     insert_user_sessions(client, traffic.sessions)
     insert_inference_logs(client, traffic.logs)
 
     got = read_session_outcomes(client, w.start, w.end).set_index("session_id")
     expected = traffic.logs.groupby("session_id").agg(
-        exp_requests=("latency_ms", "size"), exp_latency=("latency_ms", "mean"),
-        exp_version=("model_version", "first"), exp_slot=("slot", "first"),
+        exp_requests=("latency_ms", "size"),
+        exp_latency=("latency_ms", "mean"),
+        exp_version=("model_version", "first"),
+        exp_slot=("slot", "first"),
         exp_failed=("status", lambda s: int((s >= 500).sum())),
     )
     assert len(got) == 800
@@ -111,7 +115,9 @@ def test_per_session_aggregates_from_clickhouse_match_the_raw_rows(client):
 
 def test_orphans_are_counted_not_silently_dropped(client, settings):
     w = window(3)
-    traffic = simulate_traffic(TrafficConfig(n_sessions=500, seed=32, slots=slots("orph")), w.start, w.end)
+    traffic = simulate_traffic(
+        TrafficConfig(n_sessions=500, seed=32, slots=slots("orph")), w.start, w.end
+    )
     sessions, logs = traffic.sessions, traffic.logs
     lonely = sessions.iloc[:40]["session_id"]  # these sessions lose every request
     unknown = sessions.iloc[40:65]["session_id"]  # these requests lose their session
@@ -144,7 +150,9 @@ def test_orphans_are_counted_not_silently_dropped(client, settings):
 
 def test_a_session_served_by_two_versions_counts_for_its_majority_version(client):
     w = window(4)
-    traffic = simulate_traffic(TrafficConfig(n_sessions=50, seed=35, slots=slots("mix")), w.start, w.end)
+    traffic = simulate_traffic(
+        TrafficConfig(n_sessions=50, seed=35, slots=slots("mix")), w.start, w.end
+    )
     logs = traffic.logs.copy()
     first = traffic.sessions["session_id"].iloc[0]
     rows = logs.index[logs["session_id"] == first]
@@ -165,7 +173,9 @@ def test_requests_still_in_the_serving_spool_are_ingested_before_the_report(clie
     from logstore.spool import SpoolWriter
 
     w = window(8)
-    traffic = simulate_traffic(TrafficConfig(n_sessions=120, seed=36, slots=slots("spool")), w.start, w.end)
+    traffic = simulate_traffic(
+        TrafficConfig(n_sessions=120, seed=36, slots=slots("spool")), w.start, w.end
+    )
     insert_user_sessions(client, traffic.sessions)
     epoch = pd.Timestamp(0, tz="UTC")
     logs = traffic.logs.assign(ts=(traffic.logs["ts"] - epoch) / pd.Timedelta(seconds=1))
@@ -189,7 +199,9 @@ def test_empty_window_gives_a_no_data_report_not_a_crash(settings):
 
 def test_unknown_versions_give_no_data_naming_them(client, settings):
     w = window(6)
-    seed_traffic(client, TrafficConfig(n_sessions=200, seed=33, slots=slots("known")), w.start, w.end)
+    seed_traffic(
+        client, TrafficConfig(n_sessions=200, seed=33, slots=slots("known")), w.start, w.end
+    )
     report = run_report(settings, w, ["never-deployed"])
     assert report.finding is ImpactFinding.no_data
     assert "for versions never-deployed" in report.headline
@@ -199,7 +211,9 @@ def test_unknown_versions_give_no_data_naming_them(client, settings):
 def test_one_device_only_drops_the_covariate_and_still_estimates(client, settings):
     w = window(7)
     world = SessionWorld(device_share=(0.0, 1.0, 0.0))
-    config = TrafficConfig(n_sessions=1_500, seed=34, gmv_per_ms=-0.1, slots=slots("ios"), world=world)
+    config = TrafficConfig(
+        n_sessions=1_500, seed=34, gmv_per_ms=-0.1, slots=slots("ios"), world=world
+    )
     seed_traffic(client, config, w.start, w.end)
     report = run_report(settings, w, [])
     assert report.covariates == ["user_age"]

@@ -75,9 +75,13 @@ def test_numerically_broken_candidate_is_never_blessed(world, broken):
 
 def test_ece_is_zero_for_perfectly_calibrated_bins_and_large_when_off():
     scores = np.repeat([0.1, 0.5], 1000)
-    labels = np.concatenate([np.r_[np.ones(100), np.zeros(900)], np.r_[np.ones(500), np.zeros(500)]])
+    labels = np.concatenate(
+        [np.r_[np.ones(100), np.zeros(900)], np.r_[np.ones(500), np.zeros(500)]]
+    )
     assert expected_calibration_error(labels, scores, bins=2) == pytest.approx(0.0)
-    assert expected_calibration_error(labels, np.clip(scores + 0.2, 0, 1), bins=2) == pytest.approx(0.2)
+    assert expected_calibration_error(labels, np.clip(scores + 0.2, 0, 1), bins=2) == pytest.approx(
+        0.2
+    )
 
 
 def test_kl_is_zero_for_identical_distributions_and_grows_with_shift():

@@ -58,11 +58,15 @@ def coverage_for(frame: pd.DataFrame) -> JoinCoverage:
 
 
 def data_for(frame: pd.DataFrame, coverage: JoinCoverage | None = None) -> ImpactData:
-    empty = pd.DataFrame(columns=["model_version", "slot", "requests", "mean_ms", "p50_ms",
-                                  "p95_ms", "p99_ms"])
+    empty = pd.DataFrame(
+        columns=["model_version", "slot", "requests", "mean_ms", "p50_ms", "p95_ms", "p99_ms"]
+    )
     return ImpactData(
-        window=WINDOW, versions=[], sessions=frame,
-        coverage=coverage or coverage_for(frame), latency_profile=empty,
+        window=WINDOW,
+        versions=[],
+        sessions=frame,
+        coverage=coverage or coverage_for(frame),
+        latency_profile=empty,
         latency_histogram=pd.DataFrame(columns=["model_version", "bin_start_ms", "requests"]),
         histogram_bin_ms=10.0,
     )
@@ -70,16 +74,31 @@ def data_for(frame: pd.DataFrame, coverage: JoinCoverage | None = None) -> Impac
 
 def estimate(value: float, low: float, high: float, key: str = "dowhy_backdoor") -> EffectEstimate:
     return EffectEstimate(
-        key=key, label=key, outcome="gmv", unit="GMV per session per ms", value=value,
-        ci_low=low, ci_high=high, std_error=(high - low) / 3.92, p_value=None, n=1000,
+        key=key,
+        label=key,
+        outcome="gmv",
+        unit="GMV per session per ms",
+        value=value,
+        ci_low=low,
+        ci_high=high,
+        std_error=(high - low) / 3.92,
+        p_value=None,
+        n=1000,
         interval_method="test",
     )
 
 
 def refutation(passed: bool) -> Refutation:
     return Refutation(
-        key="placebo", label="Placebo", expected=0.0, new_effect=0.0 if passed else 1.0,
-        tolerance=0.1, passed=passed, dowhy_p_value=None, simulations=2, sessions=10,
+        key="placebo",
+        label="Placebo",
+        expected=0.0,
+        new_effect=0.0 if passed else 1.0,
+        tolerance=0.1,
+        passed=passed,
+        dowhy_p_value=None,
+        simulations=2,
+        sessions=10,
         criterion="test",
     )
 
@@ -148,15 +167,20 @@ def test_correlation_has_p_value_and_interval_and_is_none_when_constant():
 def test_ols_recovers_an_exact_linear_slope():
     rng = np.random.default_rng(4)
     n = 3_000
-    frame = pd.DataFrame({
-        "latency_mean_ms": rng.uniform(50, 300, n),
-        "user_age": rng.uniform(18, 70, n),
-        "device_type": rng.choice(["web", "ios"], n),
-        "user_id": np.arange(n),
-    })
+    frame = pd.DataFrame(
+        {
+            "latency_mean_ms": rng.uniform(50, 300, n),
+            "user_age": rng.uniform(18, 70, n),
+            "device_type": rng.choice(["web", "ios"], n),
+            "user_id": np.arange(n),
+        }
+    )
     frame["gmv"] = (
-        20 - 0.1 * frame["latency_mean_ms"] + 0.5 * frame["user_age"]
-        + np.where(frame["device_type"] == "ios", 10.0, 0.0) + rng.normal(0, 1, n)
+        20
+        - 0.1 * frame["latency_mean_ms"]
+        + 0.5 * frame["user_age"]
+        + np.where(frame["device_type"] == "ios", 10.0, 0.0)
+        + rng.normal(0, 1, n)
     )
     frame["device_ios"] = (frame["device_type"] == "ios").astype(float)
     fit = fit_ols(frame, "gmv", ["device_ios", "user_age"], "ols", "OLS")
@@ -174,7 +198,9 @@ def test_binned_outcome_covers_every_session_in_latency_order():
 
 # -- translation and slots -------------------------------------------------------------------
 def test_business_translation_scales_effect_and_interval_by_traffic():
-    t = translate_to_business(estimate(-0.05, -0.08, -0.02), sessions_per_day=10_000, gmv_per_day=1e6)
+    t = translate_to_business(
+        estimate(-0.05, -0.08, -0.02), sessions_per_day=10_000, gmv_per_day=1e6
+    )
     assert (t.gmv_per_day_per_ms, t.ci_low, t.ci_high) == pytest.approx((-500, -800, -200))
     assert t.gmv_per_day_per_100ms == pytest.approx(-50_000)
 

@@ -39,16 +39,25 @@ def report() -> ImpactReport:
     data = data_for(frame)
     profile = (
         frame.groupby(["model_version", "slot"])["latency_mean_ms"]
-        .agg(requests="size", mean_ms="mean", p50_ms="median", p95_ms=lambda s: s.quantile(0.95),
-             p99_ms=lambda s: s.quantile(0.99))
+        .agg(
+            requests="size",
+            mean_ms="mean",
+            p50_ms="median",
+            p95_ms=lambda s: s.quantile(0.95),
+            p99_ms=lambda s: s.quantile(0.99),
+        )
         .reset_index()
     )
-    histogram = pd.DataFrame({
-        "model_version": ["v-stable"] * 3 + ["v-canary"] * 3,
-        "bin_start_ms": [0.0, 50.0, 100.0] * 2,
-        "requests": [10, 30, 5, 2, 8, 4],
-    })
-    data = replace(data, latency_profile=profile, latency_histogram=histogram, histogram_bin_ms=50.0)
+    histogram = pd.DataFrame(
+        {
+            "model_version": ["v-stable"] * 3 + ["v-canary"] * 3,
+            "bin_start_ms": [0.0, 50.0, 100.0] * 2,
+            "requests": [10, 30, 5, 2, 8, 4],
+        }
+    )
+    data = replace(
+        data, latency_profile=profile, latency_histogram=histogram, histogram_bin_ms=50.0
+    )
     return analyse_impact(data, SMALL)
 
 
@@ -61,15 +70,25 @@ def test_html_is_self_contained_with_one_png_per_figure(report, rendered):
     page = rendered[0].read_text()
     figures = build_figures(report)
     assert set(figures) == {
-        "latency_by_version", "gmv_by_latency", "session_length_by_latency",
-        "effect_estimates", "refutations", "canary_vs_stable",
+        "latency_by_version",
+        "gmv_by_latency",
+        "session_length_by_latency",
+        "effect_estimates",
+        "refutations",
+        "canary_vs_stable",
     }
     images = re.findall(r"src='data:image/png;base64,([^']+)'", page)
     assert len(images) == len(figures)
     assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
     assert not re.search(r"(src|href)=['\"]?https?://", page)  # nothing fetched from outside
-    for needed in ("Assumptions", "Refutations", "Business translation", "canary vs stable",
-                   "GMV per day per +100 ms", report.headline.split("(")[0].strip()):
+    for needed in (
+        "Assumptions",
+        "Refutations",
+        "Business translation",
+        "canary vs stable",
+        "GMV per day per +100 ms",
+        report.headline.split("(")[0].strip(),
+    ):
         assert needed in page
 
 
@@ -82,12 +101,19 @@ def test_json_is_strict_and_carries_every_plotted_number(report, rendered):
     assert len(figures["gmv_by_latency"]["bins"]) == len(report.gmv_by_latency)
     assert document["report"]["finding"] == report.finding.value
     assert {r["key"] for r in figures["refutations"]["refutations"]} == {
-        "placebo", "random_common_cause", "data_subset"
+        "placebo",
+        "random_common_cause",
+        "data_subset",
     }
 
 
 def test_every_number_in_the_estimates_table_has_an_interval(report):
-    assert [e.key for e in report.estimates] == ["naive", "ols", "dowhy_backdoor", "dowhy_frontdoor"]
+    assert [e.key for e in report.estimates] == [
+        "naive",
+        "ols",
+        "dowhy_backdoor",
+        "dowhy_frontdoor",
+    ]
     for e in report.estimates:
         assert e.ci_low <= e.value <= e.ci_high and e.std_error > 0
     assert report.translation is not None
@@ -109,8 +135,11 @@ def _store(tmp_path: Path) -> ModelStore:
 
 def _publish(store: ModelStore, version: str) -> None:
     lineage = LineageId(model="a" * 64, data="b" * 64, env="c" * 64, build="d" * 64)
-    store.publish(VersionManifest(version=version, created_at=datetime.now(UTC), lineage=lineage,
-                                  lineage_id=str(lineage)))
+    store.publish(
+        VersionManifest(
+            version=version, created_at=datetime.now(UTC), lineage=lineage, lineage_id=str(lineage)
+        )
+    )
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,9 @@ def test_planted_effect_moves_expected_gmv_by_effect_per_ms():
     assert abs(diff.mean() - effect * 100) < 4 * standard_error
     world = SessionWorld()
     expected_seconds = effect / world.gmv_per_session_s * 100
-    assert np.median(slow.session_length_s - fast.session_length_s) == pytest.approx(expected_seconds)
+    assert np.median(slow.session_length_s - fast.session_length_s) == pytest.approx(
+        expected_seconds
+    )
 
 
 def test_outcomes_are_realistic_non_negative_and_lumpy():

@@ -46,8 +46,22 @@ def test_expected_deployments_and_schedules():
 
 @pytest.mark.parametrize(
     "bad",
-    [{"epochs": -1}, {"window_days": 0}, {"min_rows": 0}, {"canary_steps": [-5]}, {"canary_steps": [5, 150]}, {"slo_p95_ms": 0}],
-    ids=["negative-epochs", "zero-window", "zero-min-rows", "negative-canary-weight", "weight-over-100", "zero-slo"],
+    [
+        {"epochs": -1},
+        {"window_days": 0},
+        {"min_rows": 0},
+        {"canary_steps": [-5]},
+        {"canary_steps": [5, 150]},
+        {"slo_p95_ms": 0},
+    ],
+    ids=[
+        "negative-epochs",
+        "zero-window",
+        "zero-min-rows",
+        "negative-canary-weight",
+        "weight-over-100",
+        "zero-slo",
+    ],
 )
 def test_invalid_release_parameters_are_rejected_before_any_work(bad):
     flow = load_flow_from_entrypoint(str(ROOT / DEPLOYMENTS["retrain-and-release"]["entrypoint"]))

@@ -8,7 +8,11 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def test_every_setting_has_a_row_in_the_readme():
-    missing = [f"RELAY_{name.upper()}" for name in Settings.model_fields if f"RELAY_{name.upper()}" not in README]
+    missing = [
+        f"RELAY_{name.upper()}"
+        for name in Settings.model_fields
+        if f"RELAY_{name.upper()}" not in README
+    ]
     assert missing == []
 
 
