@@ -35,8 +35,10 @@ def connect(dsn: str) -> Client:
             return client
         try:
             # chdb is in-process: a connect timeout only means something for a server
-            options = {} if dsn.startswith("chdb://") else {"connect_timeout": 5}
-            client = clickhouse_connect.get_client(dsn=dsn, **options)
+            if dsn.startswith("chdb://"):
+                client = clickhouse_connect.get_client(dsn=dsn)
+            else:
+                client = clickhouse_connect.get_client(dsn=dsn, connect_timeout=5)
             migrate(client)
         except LogStoreError:
             raise

@@ -71,7 +71,7 @@ def data_hash(frame_digest: str, pipeline_digest: str, schema_digest: str) -> st
 
 def environment() -> dict[str, Any]:
     """Python, platform, key package versions, and the GPU when one is visible."""
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in ENV_PACKAGES:
         try:
             packages[name] = metadata.version(name)

@@ -44,7 +44,9 @@ class CtrModel(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         idx = x[:, :N_CATEGORICAL].to(torch.int64)
         parts = [emb(idx[:, i]) for i, emb in enumerate(self.embeddings)]
-        parts.append((x[:, N_CATEGORICAL:] - self.dense_mean) / self.dense_std)
+        mean, std = self.dense_mean, self.dense_std
+        assert isinstance(mean, torch.Tensor) and isinstance(std, torch.Tensor)  # buffers
+        parts.append((x[:, N_CATEGORICAL:] - mean) / std)
         return self.mlp(torch.cat(parts, dim=1)).squeeze(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
