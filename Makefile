@@ -12,7 +12,7 @@ space := $(subst ,, )
 export RELAY_SERVING_FLEET_URLS ?= $(subst $(space),$(comma),$(foreach p,$(RELAY_LOCAL_SERVING_PORTS),http://127.0.0.1:$(p)))
 TOKEN_FILE := .relay/serving-admin-token
 
-.PHONY: install demo test test-fast up down bench lint clean
+.PHONY: install browser demo test test-fast up down bench lint clean
 
 install: $(VENV)/.installed
 
@@ -41,7 +41,12 @@ down:
 demo: install up
 	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m flows.cli demo
 
-test: install
+# The UI test drives Debian's chromium through Playwright (never `playwright install`: that
+# downloads a browser).
+browser:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+
+test: install browser
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -1,0 +1,271 @@
+"""A deployed local Relay stack for tests, started the way `make up` starts it.
+
+A real Prefect server on a free loopback port (deployments/local/prefect-server.sh), the work
+pools and every deployment of prefect.yaml (deployments/local/deploy.sh), a process worker in
+the `cpu` pool (deployments/local/prefect-worker.sh) and, when asked, serving workers.
+
+Everything runs in subprocesses with a private RELAY_HOME and PREFECT_HOME. chdb admits one
+engine path per process and the pytest process may already hold the session's path, so nothing
+here opens ClickHouse: events are seeded by a subprocess, and results are read from the Prefect
+REST API, the model store's files and the serving workers' admin API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from model_store import ModelStore, open_store
+from relay.settings import Settings
+from serving.fleet import FleetClient
+from serving.process import WorkerProcess, start_worker
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCRIPTS = REPO / "deployments" / "local"
+TOKEN = "deployed-stack-admin-token"
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+UUID = re.compile(r"UUID: ([0-9a-f-]{36})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class DeployedStack:
+    """Paths, ports and environment of one stack; `start()` brings it up, `stop()` takes it down."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    serving: list[WorkerProcess] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # what stop() must undo, in start order
+
+    @property
+    def home(self) -> Path:
+        return self.root / "relay"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def fleet_urls(self) -> list[str]:
+        return [w.http_url for w in self.serving]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every process of the stack sees: nothing from the developer's or pytest's own
+        RELAY_*/PREFECT_* settings, everything pointing into this stack's private folders."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "PREFECT_"))}
+        return {
+            **base,
+            "VENV_BIN": str(BIN),
+            "PREFECT_HOME": str(self.root / "prefect"),
+            "PREFECT_PORT": str(self.port),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # Schedules are stored and shown, but no scheduled run (release-guard every 10
+            # minutes) may start mid-test and compete for the embedded ClickHouse.
+            "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "RELAY_HOME": str(self.home),
+            "RELAY_REPO_DIR": str(REPO),
+            "RELAY_MODEL_STORE_URL": f"file://{self.home / 'models'}",
+            "RELAY_CLICKHOUSE_DSN": f"chdb://{self.home / 'clickhouse'}",
+            "RELAY_MLFLOW_TRACKING_URI": f"sqlite:///{self.home / 'mlflow.db'}",
+            "RELAY_PREFECT_UI_URL": self.ui_url,
+            "RELAY_SERVING_FLEET_URLS": ",".join(self.fleet_urls),
+        }
+
+    # -- bringing it up and down ---------------------------------------------------------------
+    def start(self, serving_workers: int = 0) -> DeployedStack:
+        """Server, serving workers, pools + deployments, then the `cpu` pool worker."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        # the admin token where `make up` keeps it: the worker script hands it to flow runs
+        token_file = self.home / "serving-admin-token"
+        token_file.write_text(TOKEN + "\n")
+        token_file.chmod(0o600)
+        self._script("prefect-server.sh", "start", timeout_s=180)
+        self.started.append("server")
+        for i in range(serving_workers):
+            self.start_serving_worker(i)
+        self._script("deploy.sh", timeout_s=240)
+        self._script("prefect-worker.sh", "start", timeout_s=90)
+        self.started.append("worker")
+        return self
+
+    def start_serving_worker(self, i: int) -> WorkerProcess:
+        env = {
+            **{k: v for k, v in self.env.items() if k.startswith("RELAY_")},
+            "RELAY_SERVING_PORT": "0",
+            "RELAY_SERVING_BINARY_PORT": "0",
+            "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+            "RELAY_SERVING_STABLE_REF": "champion",
+            "RELAY_SERVING_LOG_FLUSH_MS": "100",
+            "RELAY_SERVING_SPOOL_DIR": "",  # <home>/spool: the folder flow runs ingest
+            "RELAY_SERVING_CACHE_DIR": "",
+        }
+        worker = start_worker(env, self.root / f"serving-{i}.log")
+        self.serving.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        """Everything this stack started, side by side (each waits for its process); never raises."""
+        stops: list[Callable[[], object]] = [w.stop for w in self.serving]
+        if "worker" in self.started:
+            stops.append(lambda: self._script("prefect-worker.sh", "stop", check=False))
+        if "server" in self.started:
+            stops.append(lambda: self._script("prefect-server.sh", "stop", check=False))
+        with ThreadPoolExecutor(max_workers=len(stops) or 1) as pool:
+            for stopped in [pool.submit(stop) for stop in stops]:
+                stopped.exception()  # waits; a failed stop must not hide the others
+        self.started.clear()
+
+    def _script(
+        self, name: str, *args: str, timeout_s: float = 60, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [str(SCRIPTS / name), *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{name} {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+            )
+        return done
+
+    # -- data ----------------------------------------------------------------------------------
+    def seed_events(
+        self, n_events: int, end: datetime | None = None, shop: Mapping[str, int] | None = None
+    ) -> subprocess.Popen[str]:
+        """Start seeding `n_events` simulated events over the 7 days before `end` in a subprocess
+        (it opens the stack's chdb; this process never does). None/None: `relay seed` itself,
+        ending now with the default shop. Wait for it with `finish()`."""
+        if end is None and shop is None:
+            args = ["-m", "flows.cli", "seed", "--events", str(n_events)]
+        else:
+            end = end or datetime.now(UTC)
+            args = [
+                "-c",
+                "import datetime as d, logstore; from relay.settings import get_settings; "
+                "from simulation.seed import seed_events; from simulation.shop import ShopConfig; "
+                "seed_events(logstore.connect(get_settings().resolved_clickhouse_dsn), "
+                f"{n_events}, d.datetime.fromisoformat({end.isoformat()!r}), "
+                f"config=ShopConfig(**{dict(shop or {})!r}))",
+            ]
+        self.home.mkdir(parents=True, exist_ok=True)
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def store(self) -> ModelStore:
+        """The stack's model store, read through its files (no chdb involved)."""
+        return open_store(Settings(model_store_url=f"file://{self.home / 'models'}"))
+
+    def fleet_stable(self) -> set[str | None]:
+        """The version each serving worker holds in its stable slot."""
+        with FleetClient(self.fleet_urls, TOKEN) as fleet:
+            return {w.stable_version for w in fleet.state().workers}
+
+    # -- Prefect -------------------------------------------------------------------------------
+    def prefect(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+        """The `prefect` CLI against this stack's server; never raises on a non-zero exit."""
+        return subprocess.run(
+            [str(BIN / "prefect"), *args],
+            cwd=REPO,
+            env={**self.env, "COLUMNS": "200"},  # the CLI wraps its messages at the terminal width
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+
+    def run_deployment(
+        self, name: str, parameters: Mapping[str, Any], run_name: str | None = None
+    ) -> str:
+        """`prefect deployment run NAME -p k=<json> ...`; the new flow run's id."""
+        args = ["deployment", "run", name]
+        for key, value in parameters.items():
+            args += ["--param", f"{key}={json.dumps(value, default=str)}"]
+        if run_name:
+            args += ["--flow-run-name", run_name]
+        done = self.prefect(*args)
+        found = UUID.search(done.stdout)
+        assert done.returncode == 0 and found, f"deployment run failed:\n{done.stdout}{done.stderr}"
+        return found.group(1)
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        response = httpx.request(method, f"{self.api_url}{path}", json=body, timeout=30)
+        response.raise_for_status()
+        return response.json() if response.content else None
+
+    def wait_for_run(self, flow_run_id: str, timeout_s: float = 300) -> dict[str, Any]:
+        """The flow run once it is final. Fails with the worker's log if it is not in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.api("GET", f"/flow_runs/{flow_run_id}")
+            if run["state_type"] in FINAL:
+                return run
+            time.sleep(1)
+        raise AssertionError(
+            f"flow run {flow_run_id} not final after {timeout_s:.0f} s "
+            f"(state {run['state_name']}); worker log:\n{self.worker_log()[-6000:]}"
+        )
+
+    def artifacts(self, flow_run_id: str) -> dict[str, dict[str, Any]]:
+        """The flow run's keyed artifacts by key."""
+        found = self.api(
+            "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}
+        )
+        return {a["key"]: a for a in found if a.get("key")}
+
+    def flow_runs_of(self, deployment: str) -> list[dict[str, Any]]:
+        flow_name, _, name = deployment.partition("/")
+        found = self.api("GET", f"/deployments/name/{flow_name}/{name}")
+        return self.api(
+            "POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [found["id"]]}}}
+        )
+
+    def worker_log(self) -> str:
+        path = self.home / "prefect-worker" / "worker-cpu.log"
+        return path.read_text(errors="replace") if path.exists() else "(no worker log)"
+
+
+def outcome_of(artifacts: Mapping[str, Mapping[str, Any]]) -> str:
+    """The release-outcome artifact's headline, e.g. 'Release promoted'."""
+    return str(artifacts["release-outcome"]["data"]).splitlines()[0].lstrip("# ").strip()
+
+
+def finish(process: subprocess.Popen[str], timeout_s: float = 300) -> str:
+    """Wait for a subprocess started here: its output, or an AssertionError that carries it."""
+    out, _ = process.communicate(timeout=timeout_s)
+    assert process.returncode == 0, f"{process.args!r} exited {process.returncode}:\n{out}"
+    return out

@@ -1,0 +1,187 @@
+"""Relay through its deployments, against a real Prefect server, as `make up` sets it up.
+
+The stack (deployed_stack.py) runs the scripts behind `make up`: a Prefect server on a free
+loopback port, pools `cpu` and `gpu`, `prefect deploy --all`, a `cpu` pool worker, and two
+serving workers. Releases are triggered with `prefect deployment run`, as the schedule or an
+on-call engineer would; each flow run is a subprocess of the pool worker. Tests run in order and
+share the stack: each starts from the state the previous one left.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.deployed_stack import REPO, DeployedStack, finish, outcome_of
+
+pytestmark = pytest.mark.slow
+
+SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
+DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
+RELEASE = "retrain-and-release/retrain-and-release"
+ROLLBACK = "rollback/rollback"
+END = datetime(2026, 7, 1, tzinfo=UTC)
+SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
+# Small data, one short canary step with the embedded shoppers driving traffic (the deployment's
+# own default is simulate_traffic=false: production reads real traffic).
+SMALL = {
+    "window_end": END.isoformat(),
+    "window_days": 7.0,
+    "epochs": 3,
+    "batch_size": 512,
+    "min_rows": 5_000,
+    "canary_steps": [50],
+    "analysis_window_s": 6.0,
+    "max_windows_per_step": 2,
+    "min_requests": 40,
+    "traffic_rps": 30.0,
+    "simulate_traffic": True,
+    "approval_timeout_s": 120,
+    "impact_report_after": False,
+    "actor": "e2e test",
+}
+RELEASE_ARTIFACTS = {
+    "data-validation",
+    "parity",
+    "release-summary",
+    "calibration",
+    "release-outcome",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedStack]:
+    deployed = DeployedStack(tmp_path_factory.mktemp("deployed"))
+    try:
+        seeding = deployed.seed_events(40_000, END, SHOP)  # while the server starts
+        deployed.start(serving_workers=2)
+        finish(seeding)
+        yield deployed
+    finally:
+        deployed.stop()
+
+
+@pytest.fixture(scope="module")
+def versions() -> dict[str, str]:
+    return {}
+
+
+def release(stack: DeployedStack, seed: int, **overrides: Any) -> tuple[dict, dict]:
+    run_id = stack.run_deployment(RELEASE, {**SMALL, "seed": seed, **overrides})
+    run = stack.wait_for_run(run_id, timeout_s=300)
+    assert run["state_type"] == "COMPLETED", (
+        f"{run['state']['message']}\n{stack.worker_log()[-6000:]}"
+    )
+    return run, stack.artifacts(run_id)
+
+
+def test_deploy_all_creates_every_deployment_of_prefect_yaml_in_its_pool(stack):
+    deployed = {d["name"]: d for d in stack.api("POST", "/deployments/filter", {})}
+    assert set(deployed) == set(DEPLOYMENTS)
+    for name, spec in DEPLOYMENTS.items():
+        got = deployed[name]
+        assert got["work_pool_name"] == spec["work_pool"]["name"]
+        assert got["entrypoint"] == spec["entrypoint"]
+        assert got["enforce_parameter_schema"] is True
+        assert got["pull_steps"] == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}
+        ]
+        wanted = spec.get("schedules") or []
+        assert len(got["schedules"]) == len(wanted), name
+        stored = [
+            {k: s["schedule"].get(k) for k in want}
+            for s, want in zip(got["schedules"], wanted, strict=True)
+        ]
+        assert stored == wanted, name
+        assert all(s["active"] for s in got["schedules"])
+    release_limit = deployed["retrain-and-release"]["global_concurrency_limit"]
+    assert release_limit["limit"] == 1
+    assert deployed["retrain-and-release"]["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+
+
+def test_work_pools_come_from_their_templates(stack):
+    for template in sorted((REPO / "deployments" / "pools").glob("*.json")):
+        pool = stack.api("GET", f"/work_pools/{template.stem}")
+        assert pool["type"] == "process"
+        assert pool["base_job_template"] == json.loads(template.read_text())
+    workers = stack.api("POST", "/work_pools/cpu/workers/filter", {})
+    assert [w["status"] for w in workers] == ["ONLINE"]
+
+
+def test_negative_canary_weight_is_rejected_by_the_cli_before_any_flow_run(stack):
+    before = len(stack.flow_runs_of(RELEASE))
+    done = stack.prefect("deployment", "run", RELEASE, "--param", "canary_steps=[-5]")
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode != 0
+    assert "Validation failed for field 'canary_steps[0]'" in said, said
+    assert "-5 is less than the minimum of 1" in said, said
+    assert len(stack.flow_runs_of(RELEASE)) == before  # nothing was created, nothing ran
+
+
+def test_zero_slo_is_rejected_by_the_api_the_ui_calls_with_its_message(stack):
+    deployment = stack.api("GET", f"/deployments/name/{RELEASE}")
+    before = len(stack.flow_runs_of(RELEASE))
+    response = httpx.post(
+        f"{stack.api_url}/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": {"slo_p95_ms": 0}},
+        timeout=30,
+    )
+    assert response.status_code == 409
+    assert "Validation failed for field 'slo_p95_ms'" in response.json()["detail"]
+    assert "0 is less than or equal to the minimum of 0" in response.json()["detail"]
+    assert len(stack.flow_runs_of(RELEASE)) == before
+
+
+def test_first_release_from_the_deployment_becomes_champion(stack, versions):
+    run, artifacts = release(stack, seed=1)
+    assert run["work_pool_name"] == "cpu" and run["parameters"]["epochs"] == 3
+    assert set(artifacts) >= RELEASE_ARTIFACTS
+    assert outcome_of(artifacts) == "Release promoted"
+    champion = stack.store().get_alias("champion")
+    assert champion is not None and champion in str(artifacts["release-summary"]["data"])
+    assert stack.fleet_stable() == {champion}
+    versions["first"] = champion
+
+
+def test_second_release_is_canaried_and_promoted(stack, versions):
+    run, artifacts = release(stack, seed=2)
+    assert set(artifacts) >= RELEASE_ARTIFACTS | {"slo-weight-50"}, sorted(artifacts)
+    assert outcome_of(artifacts) == "Release promoted", artifacts["release-outcome"]["data"]
+    store = stack.store()
+    champion = store.get_alias("champion")
+    assert champion not in (None, versions["first"])
+    assert [e.version for e in store.alias_history("champion")] == [versions["first"], champion]
+    assert stack.fleet_stable() == {champion}
+    versions["second"] = champion
+
+
+def test_rollback_to_an_unknown_version_fails_and_changes_nothing(stack, versions):
+    run_id = stack.run_deployment(ROLLBACK, {"target_version": "no-such-version"})
+    run = stack.wait_for_run(run_id, timeout_s=180)
+    assert run["state_type"] == "FAILED"
+    assert "no-such-version" in run["state"]["message"]
+    assert stack.store().get_alias("champion") == versions["second"]
+    assert stack.fleet_stable() == {versions["second"]}
+
+
+def test_rollback_deployment_moves_champion_back(stack, versions):
+    run_id = stack.run_deployment(
+        ROLLBACK, {"reason": "e2e: on-call rolls back", "actor": "e2e test"}
+    )
+    run = stack.wait_for_run(run_id, timeout_s=180)
+    assert run["state_type"] == "COMPLETED", run["state"]["message"]
+    store = stack.store()
+    assert store.get_alias("champion") == versions["first"]
+    last = store.alias_history("champion")[-1]
+    assert (last.version, last.actor, last.reason) == (
+        versions["first"],
+        "e2e test",
+        "e2e: on-call rolls back",
+    )
+    assert stack.fleet_stable() == {versions["first"]}
