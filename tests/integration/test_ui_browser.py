@@ -38,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedStack]:
     # No serving fleet: the run from the UI stops after the blessing (deploy=false).
     deployed = DeployedStack(tmp_path_factory.mktemp("ui-stack"))
     try:
-        seeding = deployed.seed_events(40_000)  # `relay seed`, in a subprocess
+        seeding = deployed.seed_events(20_000)  # `relay seed`, in a subprocess
         deployed.start()
         finish(seeding)
         yield deployed
