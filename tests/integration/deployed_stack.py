@@ -105,13 +105,13 @@ class DeployedStack:
         token_file = self.home / "serving-admin-token"
         token_file.write_text(TOKEN + "\n")
         token_file.chmod(0o600)
+        self.started.append("server")  # before: a server that never answers is stopped too
         self._script("prefect-server.sh", "start", timeout_s=180)
-        self.started.append("server")
         for i in range(serving_workers):
             self.start_serving_worker(i)
         self._script("deploy.sh", timeout_s=240)
-        self._script("prefect-worker.sh", "start", timeout_s=90)
         self.started.append("worker")
+        self._script("prefect-worker.sh", "start", timeout_s=90)
         return self
 
     def start_serving_worker(self, i: int) -> WorkerProcess:
