@@ -12,7 +12,7 @@ space := $(subst ,, )
 export RELAY_SERVING_FLEET_URLS ?= $(subst $(space),$(comma),$(foreach p,$(RELAY_LOCAL_SERVING_PORTS),http://127.0.0.1:$(p)))
 TOKEN_FILE := .relay/serving-admin-token
 
-.PHONY: install browser demo test test-fast up down bench lint clean
+.PHONY: install browser stack demo test test-fast up down bench lint clean
 
 install: $(VENV)/.installed
 
@@ -25,11 +25,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# The server, the serving fleet, the work pools and every deployment in prefect.yaml (schedules and
-# UI buttons), and a worker in the `cpu` pool whose flow runs reach the fleet.
-up: install
+# The local Prefect server and the two-worker serving fleet: what `make demo` runs against.
+stack: install
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
 	deployments/local/serving.sh start
+
+# The stack, plus the work pools, every deployment in prefect.yaml (schedules and UI buttons), and
+# a worker in the `cpu` pool whose flow runs reach the fleet.
+up: stack
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/deploy.sh
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/prefect-worker.sh start
 
@@ -38,7 +41,9 @@ down:
 	-deployments/local/serving.sh stop
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh stop
 
-demo: install up
+# The demo runs its flows in this process. It does not start the pool worker: the embedded
+# ClickHouse admits one process at a time, and a scheduled guard run in a worker would contend.
+demo: stack
 	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m flows.cli demo
 
 # The UI test drives Debian's chromium through Playwright (never `playwright install`: that
@@ -57,7 +62,8 @@ bench: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy relay model_store logstore simulation tasks flows
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy relay model_store logstore simulation tasks flows serving
 
 clean: down
 	rm -rf .relay
