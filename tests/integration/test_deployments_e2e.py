@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from tests.integration.deployed_stack import REPO, DeployedStack, finish, outcome_of
+from tests.integration.release_params import END, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
 
@@ -26,24 +26,13 @@ SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 RELEASE = "retrain-and-release/retrain-and-release"
 ROLLBACK = "rollback/rollback"
-END = datetime(2026, 7, 1, tzinfo=UTC)
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
 # Small data, one short canary step with the embedded shoppers driving traffic (the deployment's
 # own default is simulate_traffic=false: production reads real traffic).
 SMALL = {
     "window_end": END.isoformat(),
-    "window_days": 7.0,
-    "epochs": 3,
-    "batch_size": 512,
-    "min_rows": 5_000,
-    "canary_steps": [50],
-    "analysis_window_s": 6.0,
-    "max_windows_per_step": 2,
-    "min_requests": 40,
-    "traffic_rps": 30.0,
+    **SMALL_RELEASE,
     "simulate_traffic": True,
-    "approval_timeout_s": 120,
-    "impact_report_after": False,
     "actor": "e2e test",
 }
 RELEASE_ARTIFACTS = {

@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -52,32 +51,13 @@ from tasks.impact import list_impact_reports
 from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tasks.training import TrainConfig, predict, train_model
+from tests.integration.release_params import END, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
 
 TOKEN = "scenario-admin-token"
-END = datetime(2026, 7, 1, tzinfo=UTC)
 SHOP = ShopConfig(seed=51, n_users=3_000, n_items=1_000)
-RUN = {
-    "window_end": END,
-    "window_days": 7.0,
-    "epochs": 3,
-    "batch_size": 512,
-    "min_rows": 5_000,
-    "canary_steps": [50],
-    "analysis_window_s": 6.0,
-    "max_windows_per_step": 2,
-    "min_requests": 40,
-    "traffic_rps": 30.0,
-    "approval_timeout_s": 120,
-    "impact_report_after": False,
-    # Two cores run the workers, the shoppers, Prefect and this test: the canary's relative P95
-    # swings with scheduling (1.4x-2.6x seen on a loaded machine), so only gross gaps count here.
-    # The relative rule itself is unit-tested (tests/unit/test_slo_gate.py).
-    "canary_p95_ratio": 3.0,
-    "canary_p95_slack_ms": 100.0,
-    "tensorrt_wait_s": 0,
-}
+RUN = {"window_end": END, **SMALL_RELEASE}
 
 
 def free_port() -> int:
