@@ -110,7 +110,9 @@ def main() -> None:
 
         get_settings.cache_clear()
         settings = get_settings()
-        if not os.environ.get("PREFECT_API_URL"):
+        from prefect.settings import get_current_settings
+
+        if not get_current_settings().api.url:  # no server configured: use a temporary one
             from prefect.testing.utilities import prefect_test_harness
 
             stack.enter_context(prefect_test_harness(server_startup_timeout=120))
