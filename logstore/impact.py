@@ -47,14 +47,7 @@ INFERENCE_LOG_COLUMNS: tuple[str, ...] = (
     "error_code",
 )
 SESSION_OUTCOME_COLUMNS: tuple[str, ...] = (
-    "session_id",
-    "user_id",
-    "started_at",
-    "user_age",
-    "device_type",
-    "session_length_s",
-    "orders",
-    "gmv",
+    *SESSION_COLUMNS,
     "requests",
     "failed_requests",
     "latency_mean_ms",
