@@ -172,6 +172,17 @@ def load_model(
     path = fetch_engine_file(store, record, cache_dir)
     providers = ["CUDAExecutionProvider"] if host.ort_cuda else []
     engine: Engine = OrtEngine(record.name, path, threads, [*providers, "CPUExecutionProvider"])
+    return warmed(engine, manifest, record, ref, max_batch_rows)
+
+
+def warmed(
+    engine: Engine,
+    manifest: VersionManifest,
+    record: EngineRecord,
+    ref: str,
+    max_batch_rows: int,
+) -> LoadedModel:
+    """Warm an engine up and wrap it as a loaded model; closes it and re-raises if warm-up fails."""
     started = time.perf_counter()
     try:
         warm_up(engine, max_batch_rows)

@@ -14,7 +14,6 @@ release's parity check (tasks/tensorrt.py) scores through it too, so what was ch
 from __future__ import annotations
 
 import logging
-import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from model_store.plans import load_plan_record
 from relay.errors import ServingError
 from relay.gpu import GpuTarget, probe_gpu, tensorrt_installed
 from relay.types import EngineRecord, VersionManifest
-from serving.engine import LoadedModel, fetch_engine_file, warm_up
+from serving.engine import LoadedModel, fetch_engine_file, warmed
 
 log = logging.getLogger("serving.tensorrt")
 
@@ -157,21 +156,11 @@ def load_local_plan(
     except Exception as exc:  # fall back to ONNX Runtime, and say why
         _not_used(record, manifest, gpu, exc)
         return None
-    started = time.perf_counter()
     try:
-        warm_up(engine, max_batch_rows)
+        return warmed(engine, manifest, record, ref, max_batch_rows)  # closes it on failure
     except Exception as exc:
-        engine.close()
         _not_used(record, manifest, gpu, exc)
         return None
-    return LoadedModel(
-        version=manifest.version,
-        lineage_id=manifest.lineage_id,
-        engine=engine,
-        engine_record=record,
-        ref=ref,
-        warmup_ms=(time.perf_counter() - started) * 1000,
-    )
 
 
 def _not_used(
