@@ -352,3 +352,17 @@ class RequestLogWriter:
             log.warning("ClickHouse is back; drained %d spooled rows", report.rows)
         self._server_down_since = None
         self.spool.check_cap()
+
+
+def connect_for_reading(dsn: str, spool_dir: Path) -> Any:
+    """A client for reading inference logs that include every row the fleet has logged so far.
+
+    Embedded (chdb): the workers spool their rows and the reader ingests them first. With a
+    ClickHouse server the workers insert directly (draining their own spool), so nothing to do.
+    """
+    from logstore.client import connect
+
+    client = connect(dsn)
+    if dsn.startswith("chdb://"):
+        ingest_spool(client, spool_dir)
+    return client

@@ -23,7 +23,7 @@ from prefect.transactions import Transaction
 import logstore
 from logstore.release_events import ReleaseEvent, events_of_release, record_event
 from logstore.slo import query_slot_stats
-from logstore.spool import ingest_spool
+from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings, get_settings
@@ -239,9 +239,7 @@ def set_canary_weight(settings: Settings, release: Release, weight: int) -> Flee
 
 
 def _window_stats(settings: Settings, start: datetime, end: datetime) -> list:
-    client = logstore.connect(settings.resolved_clickhouse_dsn)
-    if settings.resolved_clickhouse_dsn.startswith("chdb://"):
-        ingest_spool(client, settings.resolved_spool_dir)  # embedded: workers spool, we ingest
+    client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
     return query_slot_stats(client, start, end)
 
 

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 import logstore
 from logstore.events import sample_window
 from logstore.slo import SlotStats, query_slot_stats
-from logstore.spool import ingest_spool
+from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
@@ -164,9 +164,7 @@ def assess_champion_slo(
     settings: Settings, champion: Release, window_minutes: float, limits: GuardLimits
 ) -> GateResult:
     """Live SLO of the champion over the last `window_minutes` of inference logs."""
-    client = logstore.connect(settings.resolved_clickhouse_dsn)
-    if settings.resolved_clickhouse_dsn.startswith("chdb://"):
-        ingest_spool(client, settings.resolved_spool_dir)
+    client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
     end = datetime.now(UTC)
     gate = assess_live_slo(
         query_slot_stats(client, end - timedelta(minutes=window_minutes), end),

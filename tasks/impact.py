@@ -29,7 +29,6 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 from scipy import stats
 
-import logstore
 from logstore.impact import (
     JoinCoverage,
     count_join_coverage,
@@ -37,7 +36,7 @@ from logstore.impact import (
     read_latency_profile,
     read_session_outcomes,
 )
-from logstore.spool import ingest_spool
+from logstore.spool import connect_for_reading
 from model_store import ModelStore, open_store
 from model_store.store import blob_key
 from relay.errors import StoreError, VersionNotFound
@@ -1061,11 +1060,7 @@ def query_impact_sessions(
     settings: Settings, window: ImpactWindow, versions: list[str], max_session: timedelta
 ) -> ImpactData:
     """Per-session rows, join coverage and latency summaries for the window, from ClickHouse."""
-    client = logstore.connect(settings.resolved_clickhouse_dsn)
-    if settings.resolved_clickhouse_dsn.startswith("chdb://"):
-        # Embedded: serving workers spool their rows and the reader ingests them, so the
-        # report sees every request the fleet logged up to now.
-        ingest_spool(client, settings.resolved_spool_dir)
+    client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
     profile = read_latency_profile(client, window.start, window.end, versions)
     bin_ms = histogram_bin_ms(profile)
     return ImpactData(
