@@ -45,7 +45,7 @@ def release_guard(
         settings,
         champion,
         recent_hours,
-        live.measurements.get("traffic_share", 0.0),
+        live.measurements.get("traffic_share"),  # absent: too few requests to measure it
         limits,
         run_workdir(settings),
     )

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     serving_max_candidates: int = Field(
         default=1000, ge=1, description="Most candidates in one predict request."
     )
+    serving_max_models: int = Field(
+        default=3,
+        ge=1,
+        description="Most engines one worker holds at once; a canary needs 3 (stable, baseline, canary).",
+    )
     serving_engine_threads: int = Field(
         default=1, ge=1, description="ONNX Runtime intra-op threads per loaded engine."
     )

@@ -1,18 +1,19 @@
 """Fleet control: admin operations across every serving worker, two-phase where traffic moves.
 
-A canary deploy first loads and warms the version on every worker (weight untouched), then
-verifies every worker is ready with the same canary version, and only then switches weights.
-If a load or the check fails anywhere, the canary is unloaded everywhere and no weight moved.
+A canary deploy first loads and warms the version on every worker (weight untouched), and the
+baseline (the stable version, loaded fresh into its own slot), then verifies every worker is
+ready with the same canary and baseline, and only then switches weights. If a load or the
+check fails anywhere, canary and baseline are unloaded everywhere and no weight moved.
 Each call returns a FleetResult: the phase reached, why it stopped, and every worker's answer.
 
     fleet = FleetClient.from_settings(get_settings())       # or FleetClient(urls, token)
-    fleet.deploy_canary("v42", weight=5)                     # load+warm all, verify, weight 5
+    fleet.deploy_canary("v42", weight=5, baseline="v41")     # load+warm all, verify, weight 5
     fleet.set_weight(25); fleet.promote(); fleet.rollback(); fleet.state()
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ import httpx
 
 from relay.errors import ConfigError
 from relay.settings import Settings
-from serving.routing import CANARY, STABLE, check_slot
+from serving.routing import BASELINE, CANARY, STABLE, check_slot
 
 LOAD_TIMEOUT_S = 300.0  # a load downloads, verifies and warms an engine
 CALL_TIMEOUT_S = 10.0
@@ -40,13 +41,20 @@ class WorkerResult:
 
     @property
     def canary_version(self) -> str | None:
-        slot = self.state.get("slots", {}).get(CANARY)
-        return slot["version"] if slot else None
+        return self.version_in(CANARY)
 
     @property
     def stable_version(self) -> str | None:
-        slot = self.state.get("slots", {}).get(STABLE)
-        return slot["version"] if slot else None
+        return self.version_in(STABLE)
+
+    @property
+    def baseline_version(self) -> str | None:
+        return self.version_in(BASELINE)
+
+    def version_in(self, slot: str) -> str | None:
+        """The version the worker holds in `slot` after the call, None if empty."""
+        held = self.state.get("slots", {}).get(slot)
+        return held["version"] if held else None
 
 
 @dataclass(frozen=True)
@@ -121,30 +129,38 @@ class FleetClient:
             return FleetResult("load", False, "load", _why(loaded), loaded)
         return self._verify("load", slot, loaded)
 
-    def deploy_canary(self, version: str, weight: int) -> FleetResult:
-        """Load+warm `version` as canary everywhere, verify, then set `weight` everywhere.
+    def deploy_canary(self, version: str, weight: int, baseline: str | None = None) -> FleetResult:
+        """Load+warm `version` as canary (and `baseline` beside it) everywhere, verify, set `weight`.
 
-        If any worker fails to load or verify, the canary is rolled back on every worker and no
-        weight changes.
+        If any worker fails to load or verify either, canary and baseline are rolled back on
+        every worker and no weight changes: nothing is left loaded.
         """
-        loaded = self._each(
-            "POST", "/admin/load", {"slot": CANARY, "version": version}, LOAD_TIMEOUT_S
-        )
-        if not all(r.ok for r in loaded):
-            undo = self._each("POST", "/admin/rollback")
-            return FleetResult("deploy_canary", False, "load", _why(loaded), loaded, undo)
-        verified = self._verify("deploy_canary", CANARY, loaded)
-        if not verified.ok:
-            undo = self._each("POST", "/admin/rollback")
-            return FleetResult(
-                "deploy_canary", False, "verify", verified.reason, verified.workers, undo
+        slots = [(CANARY, version)] + ([(BASELINE, baseline)] if baseline else [])
+        loaded: list[WorkerResult] = []
+        for slot, ref in slots:
+            loaded = self._each(
+                "POST", "/admin/load", {"slot": slot, "version": ref}, LOAD_TIMEOUT_S
             )
+            if not all(r.ok for r in loaded):
+                undo = self._each("POST", "/admin/rollback")
+                why = f"{slot} {ref}: {_why(loaded)}"
+                return FleetResult("deploy_canary", False, "load", why, loaded, undo)
+        for slot, _ in slots:
+            verified = self._verify("deploy_canary", slot, loaded)
+            if not verified.ok:
+                undo = self._each("POST", "/admin/rollback")
+                return FleetResult(
+                    "deploy_canary", False, "verify", verified.reason, verified.workers, undo
+                )
         switched = self._each("POST", "/admin/weight", {"weight": weight})
         return self._switch_result("deploy_canary", switched)
 
     def set_weight(self, weight: int) -> FleetResult:
-        """Verify every worker serves the same ready canary, then move every worker's weight."""
-        check = self._verify("set_weight", CANARY, self._each("GET", "/admin/state"))
+        """Verify every worker serves the same ready canary (and baseline), then move the weight."""
+        states = self._each("GET", "/admin/state")
+        check = self._verify("set_weight", CANARY, states)
+        if check.ok and any(r.baseline_version for r in states):
+            check = self._verify("set_weight", BASELINE, states)
         if not check.ok and weight > 0:
             return check
         return self._switch_result(
@@ -162,19 +178,20 @@ class FleetClient:
         """Weight 0 and unload the canary on every worker (each independently: best effort)."""
         return self._one_phase("rollback", self._each("POST", "/admin/rollback"))
 
-    def set_injected_latency(self, slot: str, ms: float) -> FleetResult:
-        """Add `ms` to every request of `slot` on every worker (to rehearse a slow canary)."""
+    def set_injected_latency(self, slot: str, ms: float, factor: float = 1.0) -> FleetResult:
+        """Every request of `slot` takes `factor` times as long plus `ms`, on every worker."""
         check_slot(slot)
+        body = {"slot": slot, "ms": ms, "factor": factor}
         return self._one_phase(
-            "set_injected_latency", self._each("POST", "/admin/latency", {"slot": slot, "ms": ms})
+            "set_injected_latency", self._each("POST", "/admin/latency", body)
         )
 
     # -- phases --------------------------------------------------------------------------------
     def _verify(self, operation: str, slot: str, answers: list[WorkerResult]) -> FleetResult:
         """Every worker answered, is ready, and holds one and the same version in `slot`."""
-        version_of: Callable[[WorkerResult], str | None] = (
-            (lambda r: r.canary_version) if slot == CANARY else (lambda r: r.stable_version)
-        )
+        def version_of(r: WorkerResult) -> str | None:
+            return r.version_in(slot)
+
         problems = []
         for r in answers:
             if not r.ok:

@@ -207,7 +207,9 @@ def build_app(worker: Worker) -> ASGIApp:
     async def latency(body: dict[str, Any]) -> dict[str, Any]:
         if "ms" not in body:
             raise RequestRejected("missing_field", "body needs 'slot' and 'ms'")
-        return await worker.set_latency(check_slot(body.get("slot")), body["ms"])
+        return await worker.set_latency(
+            check_slot(body.get("slot")), body["ms"], body.get("factor", 1.0)
+        )
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500

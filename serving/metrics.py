@@ -38,6 +38,7 @@ class WorkerSnapshot:
     queue_depth: int
     canary_weight: int
     injected_latency_ms: dict[str, float]
+    injected_slowdown: dict[str, float]
     models: list[dict[str, str]]  # slot, version, lineage_id, engine
     binary_connections: int
     log_buffered_rows: int
@@ -140,6 +141,14 @@ class _StateCollector(Collector):
         for slot, ms in s.injected_latency_ms.items():
             injected.add_metric([slot], ms)
         yield injected
+        slowdown = GaugeMetricFamily(
+            "relay_injected_slowdown",
+            "Factor each request's latency is multiplied by, by slot (1 = none).",
+            labels=["slot"],
+        )
+        for slot, factor in s.injected_slowdown.items():
+            slowdown.add_metric([slot], factor)
+        yield slowdown
         info = GaugeMetricFamily(
             "relay_model_info",
             "The model in each slot (value 1).",

@@ -1,4 +1,10 @@
-"""Stable/canary routing: one immutable table, replaced whole, and sticky per-user assignment.
+"""Stable/baseline/canary routing: one immutable table, replaced whole, sticky per-user cohorts.
+
+During a canary the users split three ways by one keyed hash: the canary's weight w of them go
+to the canary, the next w to the baseline (the stable version loaded fresh into its own slot
+with its own batcher), and the rest to stable. Canary and baseline therefore see equal shares,
+equally warm engines and equally full batches, so the gate compares like with like (Kayenta's
+design); stable keeps serving everyone else.
 
 Every change (load, weight, promote, rollback, injected latency) builds a new table from the
 old one and the worker swaps the reference in one assignment, so a request reads either the
@@ -8,15 +14,33 @@ old table or the new one, never a mix.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 from serving.schema import RequestRejected
 
 STABLE = "stable"
 CANARY = "canary"
-SLOTS = (STABLE, CANARY)
+BASELINE = "baseline"
+SLOTS = (STABLE, CANARY, BASELINE)
 MAX_INJECTED_MS = 60_000.0
+MAX_SLOWDOWN = 100.0
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Latency added to a slot's requests, to rehearse a slow canary: `ms` plus a slowdown.
+
+    `factor` 1.5 makes every request take 1.5x as long as it did (multiplicative, like a slower
+    model), `ms` adds a fixed delay on top.
+    """
+
+    ms: float = 0.0
+    factor: float = 1.0
+
+    def extra_s(self, elapsed_s: float) -> float:
+        """Seconds to hold a request that has taken `elapsed_s` so far."""
+        return self.ms / 1000 + (self.factor - 1.0) * elapsed_s
 
 
 class Servable(Protocol):
@@ -41,42 +65,50 @@ def route_bucket(user_id: int, salt: str) -> int:
 
 @dataclass(frozen=True)
 class RoutingTable(Generic[M]):
-    """Which model serves each slot, the canary's share of users, and injected latency."""
+    """Which model serves each slot, the canary's (and baseline's) share of users, injections."""
 
     stable: M | None = None
     canary: M | None = None
-    canary_weight: int = 0
-    stable_latency_ms: float = 0.0
-    canary_latency_ms: float = 0.0
+    baseline: M | None = None
+    canary_weight: int = 0  # the baseline, when loaded, takes the same share
+    injections: dict[str, Injection] = field(default_factory=dict)  # never mutated: replaced
 
     def route(self, user_id: int) -> tuple[str, M] | None:
         """(slot, model) for this user, or None when nothing can serve them."""
         canary = self.canary
-        if (
-            canary is not None
-            and self.canary_weight > 0
-            and route_bucket(user_id, canary.version) < self.canary_weight
-        ):
-            return CANARY, canary
+        if canary is not None and self.canary_weight > 0:
+            bucket = route_bucket(user_id, canary.version)
+            if bucket < self.canary_weight:
+                return CANARY, canary
+            if self.baseline is not None and bucket < 2 * self.canary_weight:
+                return BASELINE, self.baseline
         if self.stable is None:
             return None
         return STABLE, self.stable
 
     def model(self, slot: str) -> M | None:
-        return self.stable if slot == STABLE else self.canary
+        return {STABLE: self.stable, CANARY: self.canary, BASELINE: self.baseline}.get(slot)
 
-    def injected_ms(self, slot: str) -> float:
-        return self.stable_latency_ms if slot == STABLE else self.canary_latency_ms
+    def injection(self, slot: str) -> Injection:
+        return self.injections.get(slot, Injection())
 
     def models(self) -> set[M]:
-        return {m for m in (self.stable, self.canary) if m is not None}
+        return {m for m in (self.stable, self.canary, self.baseline) if m is not None}
 
     # -- transitions: each returns a new table or raises RequestRejected ------------------------
     def with_loaded(self, slot: str, model: M) -> RoutingTable[M]:
-        """`model` in `slot`. A newly loaded canary takes no traffic until a weight is set."""
+        """`model` in `slot`. A newly loaded canary or baseline takes no traffic until a weight is set."""
         check_slot(slot)
         if slot == STABLE:
             return replace(self, stable=model)
+        if slot == BASELINE:
+            if self.canary_weight > 50:
+                raise RequestRejected(
+                    "bad_weight",
+                    f"the canary takes {self.canary_weight}% of users: no room for an equal baseline",
+                    409,
+                )
+            return replace(self, baseline=model)
         return replace(self, canary=model, canary_weight=0)
 
     def with_weight(self, weight: int) -> RoutingTable[M]:
@@ -84,27 +116,36 @@ class RoutingTable(Generic[M]):
             raise RequestRejected("bad_weight", f"weight must be an integer 0-100, got {weight!r}")
         if weight > 0 and self.canary is None:
             raise RequestRejected("no_canary", "no canary is loaded: load one first", 409)
+        if weight > 50 and self.baseline is not None:
+            raise RequestRejected(
+                "bad_weight",
+                f"with a baseline the canary can take at most 50% of users (the baseline takes as many), got {weight}",
+            )
         return replace(self, canary_weight=weight)
 
     def promoted(self) -> RoutingTable[M]:
-        """The canary becomes stable; the canary slot empties."""
+        """The canary becomes stable; the canary and baseline slots empty."""
         if self.canary is None:
             raise RequestRejected("no_canary", "no canary is loaded: nothing to promote", 409)
-        return replace(self, stable=self.canary, canary=None, canary_weight=0)
+        return replace(self, stable=self.canary, canary=None, baseline=None, canary_weight=0)
 
     def rolled_back(self) -> RoutingTable[M]:
-        """Weight 0 and the canary unloaded. Rolling back with no canary changes nothing."""
-        return replace(self, canary=None, canary_weight=0)
+        """Weight 0, canary and baseline unloaded. Rolling back with no canary changes nothing."""
+        return replace(self, canary=None, baseline=None, canary_weight=0)
 
-    def with_latency(self, slot: str, ms: float) -> RoutingTable[M]:
+    def with_latency(self, slot: str, ms: float, factor: float = 1.0) -> RoutingTable[M]:
+        """Requests of `slot` take `factor` times as long, plus `ms`."""
         check_slot(slot)
         if type(ms) not in (int, float) or not 0.0 <= ms <= MAX_INJECTED_MS:
             raise RequestRejected(
                 "bad_latency", f"injected latency must be 0-{MAX_INJECTED_MS:g} ms, got {ms!r}"
             )
-        if slot == STABLE:
-            return replace(self, stable_latency_ms=float(ms))
-        return replace(self, canary_latency_ms=float(ms))
+        if type(factor) not in (int, float) or not 1.0 <= factor <= MAX_SLOWDOWN:
+            raise RequestRejected(
+                "bad_latency", f"slowdown factor must be 1-{MAX_SLOWDOWN:g}, got {factor!r}"
+            )
+        injections = {**self.injections, slot: Injection(float(ms), float(factor))}
+        return replace(self, injections=injections)
 
 
 def check_slot(slot: object) -> str:

@@ -26,7 +26,7 @@ from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel, load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
-from serving.routing import CANARY, SLOTS, STABLE, RoutingTable, check_slot
+from serving.routing import SLOTS, Injection, RoutingTable, check_slot
 from serving.schema import PredictRequest, RequestRejected
 
 log = logging.getLogger("serving.worker")
@@ -61,7 +61,8 @@ class Exchange:
     version: str = ""
     lineage_id: str = ""
     t_enqueued: float = 0.0
-    injected_ms: float = 0.0
+    injection: Injection | None = None
+    injected_s: float = 0.0  # what the injection actually added, counted as compute
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -129,7 +130,8 @@ class Worker:
             return
         slot, served = route
         ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
-        ex.injected_ms = table.injected_ms(slot)
+        injection = table.injection(slot)
+        ex.injection = injection if injection != Injection() else None
         ex.t_enqueued = time.perf_counter()
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e))
 
@@ -150,8 +152,9 @@ class Worker:
             ex.batch = batch
         else:
             ex.scores, ex.batch = scores, batch
-        if ex.injected_ms > 0:
-            asyncio.get_running_loop().call_later(ex.injected_ms / 1000, done, ex)
+        if ex.injection is not None:
+            ex.injected_s = ex.injection.extra_s(time.perf_counter() - ex.t0)
+            asyncio.get_running_loop().call_later(ex.injected_s, done, ex)
         else:
             done(ex)
 
@@ -163,7 +166,7 @@ class Worker:
         if batch is not None:
             queue = max(batch.started - ex.t_enqueued, 0.0)
             preprocess = (ex.t_enqueued - ex.t0) + batch.preprocess_s
-            compute = batch.compute_s + ex.injected_ms / 1000
+            compute = batch.compute_s + ex.injected_s
             batch_size = batch.requests
         else:
             queue = compute = 0.0
@@ -210,6 +213,14 @@ class Worker:
             if current is not None and current.version == manifest.version:
                 return {"changed": False, **self.state()}  # idempotent: a retried load is safe
             s = self.settings
+            held = len(self.table.models())
+            if current is None and held >= s.serving_max_models:
+                raise RequestRejected(
+                    "no_room",
+                    f"this worker holds {held} engines, its limit (RELAY_SERVING_MAX_MODELS="
+                    f"{s.serving_max_models}): no room to load {ref} into {slot}",
+                    507,
+                )
             try:
                 model = await asyncio.to_thread(
                     load_model,
@@ -260,10 +271,10 @@ class Worker:
             log.info("rolled back canary %s", canary.version if canary else "(none)")
             return self.state()
 
-    async def set_latency(self, slot: str, ms: float) -> dict[str, Any]:
+    async def set_latency(self, slot: str, ms: float, factor: float = 1.0) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms))
-            log.info("injected latency for %s set to %s ms", slot, ms)
+            self._swap(self.table.with_latency(slot, ms, factor))
+            log.info("injected latency for %s set to x%s + %s ms", slot, factor, ms)
             return self.state()
 
     def _swap(self, table: RoutingTable[Served]) -> None:
@@ -296,7 +307,8 @@ class Worker:
                 for slot in SLOTS
             },
             "canary_weight": t.canary_weight,
-            "inject_latency_ms": {STABLE: t.stable_latency_ms, CANARY: t.canary_latency_ms},
+            "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
+            "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
             "batching": {
                 "max_rows": self.settings.serving_max_batch_rows,
                 "max_delay_ms": self.settings.serving_max_batch_delay_ms,
@@ -314,7 +326,8 @@ class Worker:
             ready=self.ready()[0],
             queue_depth=sum(m.batcher.depth for m in t.models()),
             canary_weight=t.canary_weight,
-            injected_latency_ms={STABLE: t.stable_latency_ms, CANARY: t.canary_latency_ms},
+            injected_latency_ms={slot: t.injection(slot).ms for slot in SLOTS},
+            injected_slowdown={slot: t.injection(slot).factor for slot in SLOTS},
             models=[
                 {
                     "slot": slot,

@@ -3,7 +3,10 @@
 Rules (the seed's): roll back to the previous blessed version when the champion's live SLO is
 breached over the window, or when its AUC on fresh labelled events has dropped by more than the
 limit against the baseline AND it carries more than the traffic-share limit AND it fails the
-calibration check. Too little evidence is `inconclusive` and changes nothing.
+calibration check.
+
+No evidence is `inconclusive`, never `passed`, for the live SLO and the quality rule alike. The
+guard passes only when both rules pass; an inconclusive guard changes nothing and says why.
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardLimits) 
     rows = [s for s in stats if s.slot == "stable" and s.model_version == champion]
     served = sum(s.requests for s in rows)
     total = sum(s.requests for s in stats)
-    measured = {"requests": float(served), "traffic_share": served / total if total else 0.0}
+    measured = {"requests": float(served), "window_requests": float(total)}
+    # A share of a near-empty window is noise, and of an empty one is no measurement at all: left
+    # out, so that the quality rule sees "not measured" rather than a share of 0.
+    if total >= limits.min_requests:
+        measured["traffic_share"] = served / total
     thresholds = {
         "max_p95_ms": limits.max_p95_ms,
         "max_error_rate": limits.max_error_rate,
@@ -83,59 +90,91 @@ def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardLimits) 
     )
 
 
+def _compared(holds: bool | None) -> str:
+    return ">" if holds else "<="
+
+
 def quality_rule(
-    auc_drop: float, traffic_share: float, calibration_blessed: bool, limits: GuardLimits
+    auc_drop: float | None,
+    traffic_share: float | None,
+    calibration_blessed: bool,
+    limits: GuardLimits,
 ) -> GateResult:
-    """Fail only when all three hold: AUC dropped, the champion carries real traffic, calibration fails."""
-    measured = {
-        "auc_drop": auc_drop,
-        "traffic_share": traffic_share,
-        "calibration_blessed": float(calibration_blessed),
-    }
-    thresholds = {
-        "max_auc_drop": limits.max_auc_drop,
-        "min_traffic_share": limits.min_traffic_share,
-    }
-    if (
-        auc_drop > limits.max_auc_drop
-        and traffic_share > limits.min_traffic_share
-        and not calibration_blessed
-    ):
-        return GateResult(
-            gate="quality",
-            verdict=Verdict.failed,
-            reason=f"AUC dropped {auc_drop:.3f} > {limits.max_auc_drop:g} on {traffic_share:.0%} of traffic and calibration fails",
-            measurements=measured,
-            thresholds=thresholds,
+    """Failed when all three seed conditions hold, passed when a measured one does not, else inconclusive."""
+    # None is "not measured": such a condition neither holds nor fails, so it cannot pass the rule.
+    dropped = None if auc_drop is None else auc_drop > limits.max_auc_drop
+    carries = None if traffic_share is None else traffic_share > limits.min_traffic_share
+    conditions = (dropped, carries, not calibration_blessed)
+    evidence = ", ".join(
+        (
+            "AUC drop not measured"
+            if auc_drop is None
+            else f"AUC drop {auc_drop:.3f} {_compared(dropped)} {limits.max_auc_drop:g}",
+            "traffic share not measured"
+            if traffic_share is None
+            else f"traffic share {traffic_share:.0%} {_compared(carries)} {limits.min_traffic_share:.0%}",
+            f"calibration {'passes' if calibration_blessed else 'fails'}",
         )
+    )
+    measured = {"calibration_blessed": float(calibration_blessed)}
+    if auc_drop is not None:
+        measured["auc_drop"] = auc_drop
+    if traffic_share is not None:
+        measured["traffic_share"] = traffic_share
+    if all(c is True for c in conditions):
+        verdict, reason = Verdict.failed, f"{evidence}: all rollback conditions hold"
+    elif any(c is False for c in conditions):
+        # One measured condition that does not hold settles the conjunction, whatever is missing.
+        verdict, reason = Verdict.passed, f"{evidence}: not all rollback conditions hold"
+    else:
+        missing = []
+        if auc_drop is None:
+            missing.append("no AUC drop (no baseline AUC to compare with)")
+        if traffic_share is None:
+            missing.append(
+                f"no traffic share (fewer than {limits.min_requests} requests in the live window)"
+            )
+        verdict = Verdict.inconclusive
+        reason = f"{' and '.join(missing)}; the measured conditions hold ({evidence})"
     return GateResult(
         gate="quality",
-        verdict=Verdict.passed,
-        reason=f"AUC drop {auc_drop:.3f}, traffic share {traffic_share:.0%}, calibration {'passes' if calibration_blessed else 'fails'}: not all rollback conditions hold",
+        verdict=verdict,
+        reason=reason,
         measurements=measured,
-        thresholds=thresholds,
+        thresholds={
+            "max_auc_drop": limits.max_auc_drop,
+            "min_traffic_share": limits.min_traffic_share,
+        },
     )
 
 
 def decide(live: GateResult, quality: GateResult) -> GateResult:
-    """Roll back (failed) if either rule fails; otherwise passed or inconclusive."""
-    failed = [g for g in (live, quality) if g.verdict is Verdict.failed]
-    if failed:
-        return GateResult(
-            gate="guard",
-            verdict=Verdict.failed,
-            reason="; ".join(f"{g.gate}: {g.reason}" for g in failed),
-        )
-    if Verdict.passed in (live.verdict, quality.verdict):
+    """The guard's verdict: error, else failed (roll back), else passed only if both rules passed."""
+    rules = (live, quality)
+    for verdict in (Verdict.error, Verdict.failed):
+        hit = [g for g in rules if g.verdict is verdict]
+        if hit:
+            return GateResult(
+                gate="guard",
+                verdict=verdict,
+                reason="; ".join(f"{g.gate} {verdict.value}: {g.reason}" for g in hit),
+            )
+    if all(g.verdict is Verdict.passed for g in rules):
         return GateResult(
             gate="guard",
             verdict=Verdict.passed,
-            reason=f"live: {live.reason}; quality: {quality.reason}",
+            reason="; ".join(f"{g.gate} passed: {g.reason}" for g in rules),
         )
+    said = [
+        f"{g.gate} passed: {g.reason}"
+        if g.verdict is Verdict.passed
+        else f"{g.gate} lacked evidence: {g.reason}"
+        for g in rules
+    ]
     return GateResult(
         gate="guard",
         verdict=Verdict.inconclusive,
-        reason=f"live: {live.reason}; quality: {quality.reason}",
+        reason="; ".join(said) + "; inconclusive, so the guard changes nothing",
     )
 
 
@@ -187,7 +226,7 @@ def assess_champion_quality(
     settings: Settings,
     champion: Release,
     recent_hours: float,
-    traffic_share: float,
+    traffic_share: float | None,
     limits: GuardLimits,
     workdir: Path,
 ) -> GateResult:
@@ -223,7 +262,7 @@ def assess_champion_quality(
             BlobRef(sha256="0" * 64, size=len(frame)),
             CalibrationThresholds(max_auc_drop=limits.max_auc_drop),
         )
-        drop = report.baseline.auc - report.candidate.auc if report.baseline else 0.0
+        drop = report.baseline.auc - report.candidate.auc if report.baseline else None
         gate = quality_rule(drop, traffic_share, report.blessed, limits)
     record(
         settings,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from serving.routing import CANARY, STABLE, RoutingTable, route_bucket
+from serving.routing import BASELINE, CANARY, STABLE, Injection, RoutingTable, route_bucket
 from serving.schema import RequestRejected
 
 
@@ -103,7 +103,46 @@ def test_weight_or_promote_without_a_canary_is_a_conflict() -> None:
 
 def test_injected_latency_is_per_slot_and_bounded() -> None:
     table = RoutingTable(stable=OLD).with_latency(CANARY, 80)
-    assert table.injected_ms(CANARY) == 80.0 and table.injected_ms(STABLE) == 0.0
+    assert table.injection(CANARY) == Injection(80.0, 1.0)
+    assert table.injection(STABLE) == Injection() and table.injection(BASELINE) == Injection()
     for bad_slot, ms in (("blue", 5), (CANARY, -1), (CANARY, 10**6)):
         with pytest.raises(RequestRejected):
             table.with_latency(bad_slot, ms)
+    for bad_factor in (0.5, 0, 1000, "2"):
+        with pytest.raises(RequestRejected):
+            table.with_latency(CANARY, 0, bad_factor)  # type: ignore[arg-type]
+
+
+def test_slowdown_multiplies_the_time_a_request_took() -> None:
+    slow = RoutingTable(stable=OLD).with_latency(CANARY, 0, 1.5).injection(CANARY)
+    assert slow.extra_s(0.020) == pytest.approx(0.010)  # 20 ms becomes 30 ms
+    assert Injection(5.0, 2.0).extra_s(0.010) == pytest.approx(0.015)
+
+
+def test_canary_and_baseline_get_equal_disjoint_cohorts_and_stable_the_rest() -> None:
+    base = Model("v1")  # the stable version, loaded again: a different object in its own slot
+    table = (
+        RoutingTable(stable=OLD)
+        .with_loaded(CANARY, NEW)
+        .with_loaded(BASELINE, base)
+        .with_weight(25)
+    )
+    users = range(40_000)
+    slots = [r[0] for u in users if (r := table.route(u)) is not None]
+    shares = {slot: slots.count(slot) / len(slots) for slot in (CANARY, BASELINE, STABLE)}
+    assert shares[CANARY] == pytest.approx(0.25, abs=0.01)
+    assert shares[BASELINE] == pytest.approx(0.25, abs=0.01)
+    assert shares[STABLE] == pytest.approx(0.50, abs=0.01)
+    # raising the weight only adds users to the canary: nobody leaves it
+    wider = table.with_weight(50)
+    assert all(wider.route(u)[0] == CANARY for u in users if table.route(u)[0] == CANARY)  # type: ignore[index]
+
+
+def test_baseline_caps_the_canary_weight_at_half_and_leaves_with_it() -> None:
+    table = RoutingTable(stable=OLD).with_loaded(CANARY, NEW).with_loaded(BASELINE, Model("v1"))
+    with pytest.raises(RequestRejected) as info:
+        table.with_weight(60)
+    assert info.value.code == "bad_weight" and "50%" in info.value.detail
+    assert table.with_weight(50).rolled_back().models() == {OLD}
+    promoted = table.with_weight(50).promoted()
+    assert promoted.stable is NEW and promoted.baseline is None and promoted.canary is None
