@@ -10,7 +10,6 @@ from pydantic import Field
 
 from relay.settings import get_settings
 from relay.types import GateResult, Verdict
-from tasks.canary import choose_rollback_target, roll_back_champion
 from tasks.guard import (
     GuardLimits,
     assess_champion_quality,
@@ -19,6 +18,7 @@ from tasks.guard import (
     read_champion,
     report_no_rollback_target,
 )
+from tasks.rollback import choose_rollback_target, roll_back_champion
 from tasks.workdir import run_workdir
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from flows.impact import impact_report
 from relay.settings import get_settings
-from relay.types import Verdict
+from relay.types import Release, ReleaseOutcome, Verdict
 from simulation.traffic import LiveTraffic
 from tasks.calibration import (
     CalibrationThresholds,
@@ -30,30 +30,32 @@ from tasks.calibration import (
 from tasks.canary import (
     CanaryDecision,
     CanaryRejected,
-    Release,
-    analyse_canary_step,
+    PlanDecision,
     canary_period,
     check_blessing,
     decision_verdict,
     deploy_canary,
     deploy_first_release,
+    plan_decision_verdict,
     promote_canary,
     read_fleet_stable,
-    record_rollback,
     set_canary_weight,
 )
+from tasks.canary_analysis import CanaryRules, analyse_canary_step, plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
 from tasks.lineage import compute_lineage
 from tasks.registry import register_candidate
-from tasks.slo import SloThresholds
+from tasks.rollback import record_rollback
 from tasks.summary import ReleaseSummary, finish_release, publish_release_summary
 from tasks.tensorrt import request_tensorrt_plan
 from tasks.training import TrainConfig, train_ctr_model
 from tasks.workdir import run_workdir
 
-Percent = Annotated[int, Field(ge=1, le=100)]
+# A step's canary share; the baseline takes as many users again, so at most half.
+CanaryPercent = Annotated[int, Field(ge=1, le=50)]
+RULES = CanaryRules()  # the gate's defaults live in its own type; the signature reads them
 
 
 @flow(name="retrain-and-release", log_prints=True)
@@ -68,14 +70,16 @@ def retrain_and_release(
     deploy: bool = True,
     max_kl: Annotated[float, Field(gt=0)] = 0.05,
     max_auc_drop: Annotated[float, Field(ge=0, le=1)] = 0.02,
-    canary_steps: Annotated[list[Percent], Field(min_length=1)] = [5, 25, 50],  # noqa: B006 - pydantic copies
+    canary_steps: Annotated[list[CanaryPercent], Field(min_length=1)] = [5, 25, 50],  # noqa: B006 - pydantic copies
     analysis_window_s: Annotated[float, Field(gt=0, le=3600)] = 20.0,
-    max_windows_per_step: Annotated[int, Field(ge=1, le=100)] = 3,
-    slo_p95_ms: Annotated[float, Field(gt=0)] = 300.0,
-    slo_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.01,
-    canary_p95_ratio: Annotated[float, Field(ge=1)] = 1.2,
-    canary_p95_slack_ms: Annotated[float, Field(ge=0)] = 10.0,
-    min_requests: Annotated[int, Field(ge=1)] = 200,
+    max_windows_per_step: Annotated[int, Field(ge=1, le=100)] = RULES.max_windows,
+    slo_p95_ms: Annotated[float, Field(gt=0)] = RULES.max_p95_ms,
+    slo_error_rate: Annotated[float, Field(gt=0, le=1)] = RULES.max_error_rate,
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = RULES.confidence,
+    tolerance_pct: Annotated[float, Field(ge=0, le=1000)] = RULES.tolerance_pct,
+    tolerance_ms: Annotated[float, Field(ge=0, le=60_000)] = RULES.tolerance_ms,
+    error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = RULES.error_tolerance_pt,
+    min_requests: Annotated[int, Field(ge=1)] = RULES.min_requests,
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     simulate_traffic: bool = True,
     traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
@@ -112,10 +116,16 @@ def retrain_and_release(
     )
     blessing = check_blessing(settings, release)
     if blessing.verdict is not Verdict.passed:
-        return finish_release(settings, summary, release, "not_deployed", blessing.reason)
+        return finish_release(
+            settings, summary, release, ReleaseOutcome.not_deployed, blessing.reason
+        )
     if not deploy:
         return finish_release(
-            settings, summary, release, "blessed", "deploy=false: blessed, not deployed"
+            settings,
+            summary,
+            release,
+            ReleaseOutcome.blessed,
+            "deploy=false: blessed, not deployed",
         )
 
     request_tensorrt_plan(
@@ -128,41 +138,70 @@ def retrain_and_release(
             settings,
             summary,
             release,
-            "promoted",
+            ReleaseOutcome.promoted,
             "first release: no stable to canary against, deployed as stable",
         )
     if stable == release.version:
         return finish_release(
-            settings, summary, release, "unchanged", "the fleet already serves this version"
+            settings,
+            summary,
+            release,
+            ReleaseOutcome.unchanged,
+            "the fleet already serves this version",
         )
 
-    limits = SloThresholds(
+    rules = CanaryRules(
         max_p95_ms=slo_p95_ms,
         max_error_rate=slo_error_rate,
-        max_p95_ratio=canary_p95_ratio,
-        min_p95_delta_ms=canary_p95_slack_ms,
+        confidence=confidence,
+        tolerance_pct=tolerance_pct,
+        tolerance_ms=tolerance_ms,
+        error_tolerance_pt=error_tolerance_pt,
         min_requests=min_requests,
+        max_windows=max_windows_per_step,
     )
     traffic = (
         LiveTraffic(rate_rps=traffic_rps, duration_s=analysis_window_s, seed=seed)
         if simulate_traffic
         else None
     )
-    outcome, reason = "promoted", f"canary passed at {canary_steps[-1]}%: promoted to stable"
+    plan = plan_canary_steps(
+        settings,
+        release,
+        canary_steps,
+        analysis_window_s,
+        rules,
+        traffic_rps if simulate_traffic else None,
+    )
+    if not plan.reachable:  # say so before any traffic moves, and let a person decide
+        try:
+            go = plan_decision_verdict(
+                pause_flow_run(
+                    wait_for_input=PlanDecision.with_initial_data(
+                        description=f"Canary plan for {release.version}: {plan.summary}. Start the canary anyway?"
+                    ),
+                    timeout=approval_timeout_s,
+                ),
+                timed_out=False,
+            )
+        except FlowPauseTimeout:
+            go = plan_decision_verdict(PlanDecision(), timed_out=True)
+        if go.verdict is not Verdict.passed:
+            return finish_release(
+                settings, summary, release, ReleaseOutcome.not_deployed, go.reason
+            )
+
+    outcome = ReleaseOutcome.promoted
+    reason = f"canary passed at {canary_steps[-1]}%: promoted to stable"
     try:
         with transaction() as txn:
             txn.set("release", release)
-            deploy_canary(settings, release, weight=0)  # load and warm everywhere first
+            # load and warm the canary, and the stable version again as its baseline, everywhere
+            deploy_canary(settings, release, baseline=stable, weight=0)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
                 gate = analyse_canary_step(
-                    settings,
-                    release,
-                    weight,
-                    limits,
-                    analysis_window_s,
-                    max_windows_per_step,
-                    traffic,
+                    settings, release, stable, weight, rules, analysis_window_s, traffic
                 )
                 if gate.verdict is Verdict.inconclusive:
                     try:
@@ -181,7 +220,7 @@ def retrain_and_release(
             promote_canary(settings, release)
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
-        outcome, reason = "rolled_back", rejected.gate.reason
+        outcome, reason = ReleaseOutcome.rolled_back, rejected.gate.reason
 
     if impact_report_after:  # what the canary's latency cost, over the canary's own window
         start, end = canary_period(settings, release)

@@ -7,7 +7,8 @@ from prefect.runtime import flow_run
 
 from relay.errors import GateFailed
 from relay.settings import get_settings
-from tasks.canary import Release, choose_rollback_target, roll_back_champion
+from relay.types import Release
+from tasks.rollback import choose_rollback_target, roll_back_champion
 
 
 @flow(name="rollback", log_prints=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -22,13 +23,34 @@ class Verdict(StrEnum):
 
 
 class GateResult(BaseModel):
-    """A gate's typed verdict with what it measured, the limits it applied and why."""
+    """A gate's typed verdict with what it measured, the limits it applied, how, and why."""
 
     gate: str
     verdict: Verdict
     reason: str
     measurements: dict[str, float] = Field(default_factory=dict)
     thresholds: dict[str, float] = Field(default_factory=dict)
+    method: str = ""  # the statistical method, where the verdict rests on one
+
+
+class ReleaseOutcome(StrEnum):
+    """How a release ended: the outcome artifact's title and the `outcome` release event."""
+
+    registered = "registered"  # published; the release has not gone further (yet)
+    not_deployed = "not_deployed"  # no blessing: never reached the fleet
+    blessed = "blessed"  # blessed, deploy=false
+    unchanged = "unchanged"  # the fleet already serves it
+    promoted = "promoted"  # now stable everywhere and champion
+    rolled_back = "rolled_back"  # the canary was taken out; champion unchanged
+
+
+@dataclass(frozen=True)
+class Release:
+    """Which release this is: every event it writes carries these."""
+
+    release_id: str
+    version: str
+    lineage_id: str
 
 
 class LineageId(BaseModel, frozen=True):

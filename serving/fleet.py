@@ -182,13 +182,12 @@ class FleetClient:
         """Every request of `slot` takes `factor` times as long plus `ms`, on every worker."""
         check_slot(slot)
         body = {"slot": slot, "ms": ms, "factor": factor}
-        return self._one_phase(
-            "set_injected_latency", self._each("POST", "/admin/latency", body)
-        )
+        return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
     # -- phases --------------------------------------------------------------------------------
     def _verify(self, operation: str, slot: str, answers: list[WorkerResult]) -> FleetResult:
         """Every worker answered, is ready, and holds one and the same version in `slot`."""
+
         def version_of(r: WorkerResult) -> str | None:
             return r.version_in(slot)
 

@@ -1,20 +1,21 @@
-"""Canary release on the serving fleet: deploy, step the weight, analyse windows, promote or roll back.
+"""Canary release on the serving fleet: deploy (with its baseline), step the weight, promote.
 
-Deploy consumes the stored blessing and refuses anything unblessed. The deploy task's
-`on_rollback` hook takes the canary out of every worker when the enclosing Prefect transaction
-fails (a `failed`/`error` verdict, a refusal at the pause, a crash), and records how long it took
-from the verdict to weight 0 everywhere.
+Deploy consumes the stored blessing and refuses anything unblessed. The canary goes out with a
+baseline beside it: the stable version loaded fresh into its own slot, taking the same share
+of users, so the gate (`tasks.canary_analysis`) compares equals. The deploy task's
+`on_rollback` hook takes canary and baseline out of every worker when the enclosing Prefect
+transaction fails (a `failed`/`error` verdict, a refusal at the pause, a crash), and records how
+long it took from the verdict to weight 0 everywhere. Rollback of a champion lives in
+`tasks.rollback`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prefect import task
-from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.input import RunInput
@@ -22,28 +23,15 @@ from prefect.transactions import Transaction
 
 import logstore
 from logstore.release_events import ReleaseEvent, events_of_release, record_event
-from logstore.slo import query_slot_stats
-from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings, get_settings
-from relay.types import GateResult, Verdict
+from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult
-from simulation.traffic import LiveTraffic, drive
 from tasks.aliases import move_alias
 from tasks.calibration import load_report
-from tasks.slo import SloThresholds, assess_slo, error_verdict
 
 CHAMPION = "champion"
-
-
-@dataclass(frozen=True)
-class Release:
-    """Which release this is: every event it writes carries these."""
-
-    release_id: str
-    version: str
-    lineage_id: str
 
 
 class CanaryRejected(GateFailed):
@@ -61,6 +49,28 @@ class CanaryDecision(RunInput):
     comment: str = ""
 
 
+class PlanDecision(RunInput):
+    """What the on-call engineer decides when the plan says the traffic cannot reach a verdict."""
+
+    decision: Literal["start the canary", "do not deploy"] = "do not deploy"
+    comment: str = ""
+
+
+def plan_decision_verdict(decision: PlanDecision, timed_out: bool) -> GateResult:
+    """A person's answer to an unreachable canary plan, as a verdict (no answer: not deployed)."""
+    if timed_out:
+        reason = "not deployed: the canary plan could not reach a verdict and nobody answered"
+        return GateResult(gate="plan", verdict=Verdict.failed, reason=reason)
+    comment = decision.comment or "no comment"
+    if decision.decision == "start the canary":
+        return GateResult(
+            gate="plan", verdict=Verdict.passed, reason=f"canary started by a person: {comment}"
+        )
+    return GateResult(
+        gate="plan", verdict=Verdict.failed, reason=f"not deployed by a person: {comment}"
+    )
+
+
 def record(
     settings: Settings, release: Release, kind: str, verdict: str, reason: str, **details: Any
 ) -> None:
@@ -74,7 +84,7 @@ def record(
     )
 
 
-def _fleet_details(result: FleetResult) -> dict[str, Any]:
+def fleet_details(result: FleetResult) -> dict[str, Any]:
     return {
         "phase": result.phase,
         "workers": [
@@ -159,7 +169,7 @@ def deploy_first_release(settings: Settings, release: Release) -> None:
         "deploy",
         "passed" if result.ok else "error",
         f"first release as stable: {result.reason}",
-        **_fleet_details(result),
+        **fleet_details(result),
     )
     if not result.ok:
         raise ServingError(f"first release could not be loaded as stable: {result.reason}")
@@ -173,10 +183,14 @@ def deploy_first_release(settings: Settings, release: Release) -> None:
 
 
 @task(name="deploy-canary", cache_policy=NO_CACHE)
-def deploy_canary(settings: Settings, release: Release, weight: int) -> FleetResult:
-    """Load and warm the canary on every worker, verify, then set its first weight."""
+def deploy_canary(settings: Settings, release: Release, baseline: str, weight: int) -> FleetResult:
+    """Load and warm the canary and its baseline on every worker, verify, then set the weight.
+
+    If either cannot load anywhere (no room, store error), nothing stays loaded and no traffic
+    moved; the error names the worker and why.
+    """
     with FleetClient.from_settings(settings) as fleet:
-        result = fleet.deploy_canary(release.version, weight)
+        result = fleet.deploy_canary(release.version, weight, baseline=baseline)
     record(
         settings,
         release,
@@ -184,7 +198,8 @@ def deploy_canary(settings: Settings, release: Release, weight: int) -> FleetRes
         "passed" if result.ok else "error",
         result.reason,
         weight=weight,
-        **_fleet_details(result),
+        baseline=baseline,
+        **fleet_details(result),
     )
     if not result.ok:
         raise ServingError(
@@ -195,7 +210,7 @@ def deploy_canary(settings: Settings, release: Release, weight: int) -> FleetRes
 
 @deploy_canary.on_rollback
 def take_canary_out(txn: Transaction) -> None:
-    """Weight 0 and canary unloaded on every reachable worker; idempotent. Records the latency."""
+    """Weight 0, canary and baseline unloaded on every reachable worker; idempotent. Records the latency."""
     settings = get_settings()
     release: Release = txn.get("release")
     with FleetClient.from_settings(settings) as fleet:
@@ -208,7 +223,7 @@ def take_canary_out(txn: Transaction) -> None:
         "done" if result.ok else "partial",
         result.reason,
         rollback_ms=latency_ms,
-        **_fleet_details(result),
+        **fleet_details(result),
     )
     txn.set("rollback_ms", latency_ms)
 
@@ -225,7 +240,7 @@ def set_canary_weight(settings: Settings, release: Release, weight: int) -> Flee
         "passed" if result.ok else "error",
         result.reason,
         weight=weight,
-        **_fleet_details(result),
+        **fleet_details(result),
     )
     if not result.ok:
         raise CanaryRejected(
@@ -236,100 +251,6 @@ def set_canary_weight(settings: Settings, release: Release, weight: int) -> Flee
             )
         )
     return result
-
-
-def _window_stats(settings: Settings, start: datetime, end: datetime) -> list:
-    client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
-    return query_slot_stats(client, start, end)
-
-
-def unreachable_workers(settings: Settings) -> list[str]:
-    """URLs of workers that do not answer their admin API."""
-    with FleetClient.from_settings(settings) as fleet:
-        return [w.url for w in fleet.state().workers if w.status is None]
-
-
-@task(name="analyse-canary-step", cache_policy=NO_CACHE)
-def analyse_canary_step(
-    settings: Settings,
-    release: Release,
-    weight: int,
-    limits: SloThresholds,
-    window_s: float,
-    max_windows: int,
-    traffic: LiveTraffic | None,
-) -> GateResult:
-    """Run analysis windows at this weight until one is conclusive or `max_windows` pass.
-
-    Each window: (embedded) drive simulated shoppers, ingest the workers' logs, query per-slot
-    figures, decide. Query failures count towards `error`; every window is a release event.
-    """
-    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
-    rows: list[dict[str, Any]] = []
-    consecutive_errors = 0
-    gate = GateResult(gate="slo", verdict=Verdict.inconclusive, reason="no window analysed")
-    for window in range(1, max_windows + 1):
-        start = datetime.now(UTC)
-        if traffic is not None:
-            report = drive(urls, traffic)
-            if not report.sessions.empty:
-                from logstore.impact import insert_user_sessions
-
-                insert_user_sessions(
-                    logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
-                )
-        else:
-            time.sleep(window_s)
-        end = datetime.now(UTC)
-        time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
-        try:
-            stats = _window_stats(settings, start, end)
-        except Exception as exc:  # a failed query is evidence of nothing; count it
-            consecutive_errors += 1
-            gate = error_verdict(consecutive_errors, str(exc), limits) or GateResult(
-                gate="slo",
-                verdict=Verdict.inconclusive,
-                reason=f"log query failed ({consecutive_errors} in a row): {exc}",
-            )
-        else:
-            consecutive_errors = 0
-            gate = assess_slo(stats, release.version, limits)
-        lost = unreachable_workers(settings)
-        if lost:  # a dead worker logs nothing, so its absence must be checked, not inferred
-            gate = GateResult(
-                gate="fleet",
-                verdict=Verdict.error,
-                reason=f"worker(s) unreachable mid-canary: {', '.join(lost)}",
-                measurements=gate.measurements,
-            )
-        record(
-            settings,
-            release,
-            "slo_window",
-            gate.verdict.value,
-            gate.reason,
-            weight=weight,
-            window=window,
-            measurements=gate.measurements,
-            thresholds=gate.thresholds,
-        )
-        rows.append(
-            {
-                "weight": weight,
-                "window": window,
-                "verdict": gate.verdict.value,
-                "reason": gate.reason,
-                **{k: round(v, 3) for k, v in gate.measurements.items()},
-            }
-        )
-        if gate.verdict is not Verdict.inconclusive:
-            break
-    create_table_artifact(
-        key=f"slo-weight-{weight}",
-        table=rows,
-        description=f"SLO windows of {release.version} at canary weight {weight}%",
-    )
-    return gate
 
 
 @task(name="read-canary-period", cache_policy=NO_CACHE)
@@ -353,7 +274,7 @@ def promote_canary(settings: Settings, release: Release) -> FleetResult:
         "promote",
         "passed" if result.ok else "error",
         result.reason,
-        **_fleet_details(result),
+        **fleet_details(result),
     )
     if not result.ok:
         raise CanaryRejected(
@@ -375,99 +296,5 @@ def promote_canary(settings: Settings, release: Release) -> FleetResult:
             "relay.lineage_id": release.lineage_id,
         },
         payload={"release_id": release.release_id},
-    )
-    return result
-
-
-@task(name="record-rollback", cache_policy=NO_CACHE)
-def record_rollback(settings: Settings, release: Release, gate: GateResult) -> float | None:
-    """The release ends rolled back: champion untouched, reason kept, event emitted.
-
-    Returns the rollback latency (verdict -> weight 0 on every worker) the hook recorded.
-    """
-    client = logstore.connect(settings.resolved_clickhouse_dsn)
-    rollbacks = [e for e in events_of_release(client, release.release_id) if e.kind == "rollback"]
-    rollback_ms = rollbacks[-1].details.get("rollback_ms") if rollbacks else None
-    record(
-        settings, release, "rolled_back", gate.verdict.value, gate.reason, rollback_ms=rollback_ms
-    )
-    emit_event(
-        event="relay.model.rolled_back",
-        resource={
-            "prefect.resource.id": f"relay.model.{release.version}",
-            "relay.lineage_id": release.lineage_id,
-        },
-        payload={
-            "release_id": release.release_id,
-            "verdict": gate.verdict.value,
-            "reason": gate.reason,
-            "rollback_ms": rollback_ms,
-        },
-    )
-    return rollback_ms
-
-
-def previous_version(history: list[str | None], current: str | None) -> str | None:
-    """The most recent version in an alias's history other than `current`."""
-    for version in reversed(history):
-        if version is not None and version != current:
-            return version
-    return None
-
-
-@task(name="choose-rollback-target", cache_policy=NO_CACHE)
-def choose_rollback_target(
-    settings: Settings, target_version: str | None, release_id: str
-) -> Release | None:
-    """The named version, or the champion before the current one; None if there is none.
-
-    Rollback only ever targets a blessed version: a named one without a blessing is refused.
-    """
-    store = open_store(settings)
-    if target_version:
-        manifest = store.get_manifest(target_version)  # raises VersionNotFound naming it
-        report = load_report(store, target_version)
-        if report is None or not report.blessed:
-            raise GateFailed(f"refusing to roll back to {target_version}: it was never blessed")
-        return Release(release_id, target_version, manifest.lineage_id)
-    # Earlier champions were all blessed and all survived a canary; a version that was blessed
-    # but then failed its canary never held champion, so it is never a rollback target.
-    history = [e.version for e in store.alias_history(CHAMPION)]
-    target = previous_version(history, store.get_alias(CHAMPION))
-    if target is None:
-        return None
-    return Release(release_id, target, store.get_manifest(target).lineage_id)
-
-
-@task(name="roll-back-champion", cache_policy=NO_CACHE)
-def roll_back_champion(
-    settings: Settings, release: Release, reason: str, actor: str
-) -> FleetResult:
-    """Serve `release.version` as stable everywhere (canary out), move champion back, emit an event."""
-    started = time.perf_counter()
-    with FleetClient.from_settings(settings) as fleet:
-        fleet.rollback()
-        result = fleet.load("stable", release.version)
-    elapsed_ms = (time.perf_counter() - started) * 1000
-    record(
-        settings,
-        release,
-        "rollback",
-        "done" if result.ok else "error",
-        reason,
-        actor=actor,
-        rollback_ms=elapsed_ms,
-        **_fleet_details(result),
-    )
-    if not result.ok:
-        raise ServingError(f"could not roll back to {release.version}: {result.reason}")
-    move_alias.fn(settings, CHAMPION, release.version, actor, reason)
-    emit_event(
-        event="relay.model.rolled_back",
-        resource={
-            "prefect.resource.id": f"relay.model.{release.version}",
-            "relay.lineage_id": release.lineage_id,
-        },
-        payload={"release_id": release.release_id, "reason": reason, "actor": actor},
     )
     return result

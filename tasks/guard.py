@@ -26,9 +26,10 @@ from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
-from relay.types import BlobRef, GateResult, Verdict
+from relay.types import BlobRef, GateResult, Release, Verdict
 from tasks.calibration import CalibrationThresholds, assess_calibration, score_version
-from tasks.canary import CHAMPION, Release, previous_version, record
+from tasks.canary import CHAMPION, record
+from tasks.rollback import previous_version
 
 
 @dataclass(frozen=True)

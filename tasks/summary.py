@@ -10,7 +10,7 @@ from pydantic import BaseModel
 import logstore
 from logstore.release_events import ReleaseEvent, events_of_release, record_event
 from relay.settings import Settings
-from tasks.canary import Release
+from relay.types import Release, ReleaseOutcome
 from tasks.compilation import CompileOutcome
 from tasks.lineage import LineageRecord
 from tasks.registry import Registration
@@ -28,9 +28,7 @@ class ReleaseSummary(BaseModel):
     mlflow_run_id: str
     mlflow_model_version: str
     newly_published: bool
-    outcome: str = (
-        "registered"  # registered | blessed | not_deployed | promoted | rolled_back | unchanged
-    )
+    outcome: ReleaseOutcome = ReleaseOutcome.registered
     reason: str = ""
 
 
@@ -95,7 +93,11 @@ def publish_release_summary(
 
 @task(name="finish-release", cache_policy=NO_CACHE)
 def finish_release(
-    settings: Settings, summary: ReleaseSummary, release: Release, outcome: str, reason: str
+    settings: Settings,
+    summary: ReleaseSummary,
+    release: Release,
+    outcome: ReleaseOutcome,
+    reason: str,
 ) -> ReleaseSummary:
     """Record how the release ended, in ClickHouse and as the run's outcome artifact."""
     ended = summary.model_copy(update={"outcome": outcome, "reason": reason})
@@ -104,11 +106,16 @@ def finish_release(
     record_event(
         client,
         ReleaseEvent(
-            release.release_id, release.version, release.lineage_id, "outcome", outcome, reason
+            release.release_id,
+            release.version,
+            release.lineage_id,
+            "outcome",
+            outcome.value,
+            reason,
         ),
     )
     lines = [
-        f"# Release {outcome.replace('_', ' ')}",
+        f"# Release {outcome.value.replace('_', ' ')}",
         "",
         f"**{release.version}**: {reason}",
         "",
@@ -117,7 +124,7 @@ def finish_release(
     ]
     lines += [f"| {e.ts:%H:%M:%S} | {e.kind} | {e.verdict} | {e.reason} |" for e in events]
     create_markdown_artifact(
-        key="release-outcome", markdown="\n".join(lines), description=f"{outcome}: {reason}"
+        key="release-outcome", markdown="\n".join(lines), description=f"{outcome.value}: {reason}"
     )
-    print(f"release {release.version}: {outcome} ({reason})")
+    print(f"release {release.version}: {outcome.value} ({reason})")
     return ended

@@ -43,7 +43,8 @@ from tasks.calibration import (
     assess_candidate_calibration,
     ensure_calibration_set,
 )
-from tasks.canary import Release, check_blessing
+from relay.types import Release
+from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.data import window_ending
 from tasks.export import export_model

@@ -4,7 +4,8 @@ import pytest
 
 from logstore.slo import SlotStats
 from relay.types import GateResult, Verdict
-from tasks.canary import CanaryDecision, decision_verdict, previous_version
+from tasks.canary import CanaryDecision, decision_verdict
+from tasks.rollback import previous_version
 from tasks.guard import GuardLimits, assess_live_slo, decide, quality_rule
 
 LIMITS = GuardLimits(min_requests=100)

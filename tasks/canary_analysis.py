@@ -1,0 +1,605 @@
+"""The canary gate: canary against its equal-share baseline, judged sequentially window by window.
+
+`judge_window` is the pure core: from the step's cumulative per-user sums (and the latest
+window's, for the record) it returns a typed verdict and the evidence carried to the next look.
+
+- Latency: the ratio of geometric-mean latencies canary/baseline, exp(Δ mean log latency), with
+  an always-valid confidence sequence (`tasks.sequential`). A regression counts only when it is
+  statistically clear (the interval's low end is above ×1) *and* its estimate exceeds the
+  practical tolerance (+`tolerance_pct` % of the baseline's P95 or +`tolerance_ms`, whichever is
+  larger, as a ratio). The step passes once the interval's high end is below the tolerance.
+- Errors: the difference of 5xx rates, the same way, against `error_tolerance_pt`.
+- The absolute SLOs (P95, error rate) apply to the canary as before.
+- A per-user Mann-Whitney U test (ClickHouse's `mannWhitneyUTest`) is reported beside it, per
+  window and over the step. It is a fixed-sample test: it is shown, never decided on, because
+  looking at it after every window would inflate its false alarms.
+
+`plan_canary` says before the first step how many windows each step should need.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from statistics import NormalDist
+from typing import Any
+
+from clickhouse_connect.driver.exceptions import ClickHouseError
+from prefect import task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+import logstore
+from logstore.slo import CohortSums, RankTest, query_cohorts, query_rank_test
+from logstore.spool import connect_for_reading
+from relay.errors import LogStoreError
+from relay.settings import Settings
+from relay.types import GateResult, Release, Verdict
+from serving.fleet import FleetClient
+from simulation.traffic import LiveTraffic, drive
+from tasks.canary import record
+from tasks.sequential import (
+    METHOD,
+    Estimate,
+    Interval,
+    confidence_sequence,
+    difference,
+    error_rate,
+    half_width,
+    mean_log_latency,
+)
+
+log = logging.getLogger("relay.canary")
+
+MIN_USERS = 20  # fewer users than this and the per-user variance estimate is itself noise
+LOG_STORE_ERRORS = (ClickHouseError, LogStoreError, OSError)  # evidence of nothing: counted
+SLOTS = ("canary", "baseline", "stable")
+
+
+@dataclass(frozen=True)
+class CanaryRules:
+    """When a canary step passes, fails or needs a person. The one home of these defaults."""
+
+    max_p95_ms: float = 300.0  # absolute SLOs, on the canary alone
+    max_error_rate: float = 0.01
+    confidence: float = 0.95  # of the always-valid intervals, across every look of a step
+    tolerance_pct: float = 10.0  # practical tolerance: +10 % of the baseline's P95 ...
+    tolerance_ms: float = 5.0  # ... or +5 ms, whichever is larger
+    error_tolerance_pt: float = 0.5  # errors: +0.5 percentage points over the baseline
+    min_requests: int = 200  # per cohort over the step before any verdict
+    max_windows: int = 10  # per step; still undecided then -> inconclusive, a person decides
+    consecutive_error_limit: int = 4  # failed log queries in a row before `error`
+    power: float = 0.8  # what the plan aims for: a canary equal to its baseline passes
+
+    def __post_init__(self) -> None:
+        checks = {
+            "confidence": 0.5 < self.confidence < 1,
+            "tolerance_pct": self.tolerance_pct >= 0,
+            "tolerance_ms": self.tolerance_ms >= 0,
+            "error_tolerance_pt": self.error_tolerance_pt >= 0,
+            "max_windows": self.max_windows >= 1,
+            "min_requests": self.min_requests >= 1,
+            "max_p95_ms": self.max_p95_ms > 0,
+            "max_error_rate": 0 < self.max_error_rate <= 1,
+            "consecutive_error_limit": self.consecutive_error_limit >= 1,
+            "power": 0 < self.power < 1,
+        }
+        bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid canary rules: {', '.join(bad)}")
+        if self.tolerance_pct == 0 and self.tolerance_ms == 0:
+            raise ValueError("invalid canary rules: tolerance_pct and tolerance_ms are both 0")
+
+    @property
+    def alpha(self) -> float:
+        return 1 - self.confidence
+
+    def latency_tolerance(self, baseline_p95_ms: float) -> float:
+        """The largest canary/baseline latency ratio that is not a regression."""
+        relative = self.tolerance_ms / baseline_p95_ms if baseline_p95_ms > 0 else math.inf
+        return 1 + max(self.tolerance_pct / 100, relative)
+
+    def thresholds(self) -> dict[str, float]:
+        return {
+            "max_p95_ms": self.max_p95_ms,
+            "max_error_rate": self.max_error_rate,
+            "confidence": self.confidence,
+            "tolerance_pct": self.tolerance_pct,
+            "tolerance_ms": self.tolerance_ms,
+            "error_tolerance_pt": self.error_tolerance_pt,
+            "min_requests": float(self.min_requests),
+            "max_windows": float(self.max_windows),
+        }
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What the log store says about one canary step: over the step so far, and its last window."""
+
+    canary: CohortSums | None
+    baseline: CohortSums | None
+    stable: CohortSums | None = None
+    rank: RankTest | None = None
+    window_canary: CohortSums | None = None
+    window_baseline: CohortSums | None = None
+    window_rank: RankTest | None = None
+
+
+@dataclass(frozen=True)
+class StepEvidence:
+    """What the step has established so far: intervals intersected over looks, running p-values."""
+
+    looks: int = 0
+    latency: Interval = field(default_factory=lambda: Interval(-math.inf, math.inf, 1.0))
+    errors: Interval = field(default_factory=lambda: Interval(-math.inf, math.inf, 1.0))
+
+    def after(self, latency: Interval, errors: Interval) -> StepEvidence:
+        """Both intervals hold at every look at once, so their running intersection does too."""
+
+        def meet(a: Interval, b: Interval) -> Interval:
+            return Interval(max(a.low, b.low), min(a.high, b.high), min(a.p_value, b.p_value))
+
+        return StepEvidence(self.looks + 1, meet(self.latency, latency), meet(self.errors, errors))
+
+
+def _describe(prefix: str, c: CohortSums | None) -> dict[str, float]:
+    if c is None:
+        return {f"{prefix}_requests": 0.0}
+    return {
+        f"{prefix}_users": float(c.users),
+        f"{prefix}_requests": c.requests,
+        f"{prefix}_p50_ms": c.p50_ms,
+        f"{prefix}_p95_ms": c.p95_ms,
+        f"{prefix}_p99_ms": c.p99_ms,
+        f"{prefix}_error_rate": c.errors / c.requests if c.requests else 0.0,
+    }
+
+
+def _measured(figures: StepFigures) -> dict[str, float]:
+    measured = _describe("canary", figures.canary) | _describe("baseline", figures.baseline)
+    measured |= _describe("stable", figures.stable)
+    measured |= {
+        f"window_{k}": v
+        for k, v in (
+            _describe("canary", figures.window_canary)
+            | _describe("baseline", figures.window_baseline)
+        ).items()
+    }
+    for name, rank in (("mwu", figures.rank), ("window_mwu", figures.window_rank)):
+        if rank is not None:
+            measured |= {f"{name}_p": rank.p_value, f"{name}_users": float(rank.users)}
+    return measured
+
+
+def judge_window(
+    figures: StepFigures, rules: CanaryRules, evidence: StepEvidence
+) -> tuple[GateResult, StepEvidence]:
+    """passed | failed | inconclusive after this look, and the evidence carried to the next."""
+    canary, baseline = figures.canary, figures.baseline
+    measured = _measured(figures) | {"look": float(evidence.looks + 1)}
+
+    def verdict(v: Verdict, reason: str, carried: StepEvidence) -> tuple[GateResult, StepEvidence]:
+        gate = GateResult(
+            gate="canary",
+            verdict=v,
+            reason=reason,
+            method=METHOD,
+            measurements=measured,
+            thresholds=rules.thresholds(),
+        )
+        return gate, carried
+
+    if canary is None or baseline is None:
+        missing = " and ".join(
+            s for s, c in (("canary", canary), ("baseline", baseline)) if c is None
+        )
+        return verdict(Verdict.inconclusive, f"no {missing} requests yet", evidence)
+    fewest = min(canary.requests, baseline.requests)
+    if fewest < rules.min_requests or min(canary.users, baseline.users) < MIN_USERS:
+        return verdict(
+            Verdict.inconclusive,
+            f"canary {canary.requests:.0f} requests from {canary.users} users, baseline "
+            f"{baseline.requests:.0f} from {baseline.users}: fewer than the "
+            f"{rules.min_requests} requests and {MIN_USERS} users each needed",
+            evidence,
+        )
+
+    tolerance = rules.latency_tolerance(baseline.p95_ms)
+    latency_shift = difference(mean_log_latency(canary), mean_log_latency(baseline))
+    errors_shift = difference(error_rate(canary), error_rate(baseline))
+    error_tol = rules.error_tolerance_pt / 100
+    evidence = evidence.after(
+        confidence_sequence(latency_shift, math.log(tolerance), rules.alpha),
+        confidence_sequence(errors_shift, max(error_tol, 1e-4), rules.alpha),
+    )
+    lat, err = evidence.latency, evidence.errors
+    ratio = math.exp(latency_shift.value)
+    measured |= {
+        "latency_ratio": ratio,
+        "latency_ratio_low": math.exp(lat.low),
+        "latency_ratio_high": math.exp(lat.high) if lat.high < 700 else math.inf,
+        "latency_tolerance_ratio": tolerance,
+        "latency_p_always_valid": lat.p_value,
+        "error_diff": errors_shift.value,
+        "error_diff_low": err.low,
+        "error_diff_high": err.high,
+        "error_p_always_valid": err.p_value,
+        "p95_ratio": canary.p95_ms / baseline.p95_ms if baseline.p95_ms > 0 else math.nan,
+    }
+    pct = f"{rules.confidence:.0%}"
+    latency_text = (
+        f"canary latency x{ratio:.2f} of baseline's (geometric mean; always-valid {pct} interval "
+        f"x{math.exp(lat.low):.2f}-x{math.exp(min(lat.high, 700)):.2f}, p={lat.p_value:.3g}; "
+        f"P95 {canary.p95_ms:.1f} vs {baseline.p95_ms:.1f} ms; "
+        f"{canary.requests:.0f} vs {baseline.requests:.0f} requests from "
+        f"{canary.users} vs {baseline.users} users)"
+    )
+    tolerance_text = (
+        f"tolerance x{tolerance:.2f} (+{rules.tolerance_pct:g} % of baseline P95 or "
+        f"+{rules.tolerance_ms:g} ms, whichever is larger)"
+    )
+    error_text = (
+        f"canary errors {_pct(canary.errors, canary.requests)} vs baseline "
+        f"{_pct(baseline.errors, baseline.requests)} (difference {errors_shift.value * 100:+.2f} pt, "
+        f"interval {err.low * 100:+.2f} to {err.high * 100:+.2f} pt, p={err.p_value:.3g})"
+    )
+
+    failures = []
+    if canary.p95_ms > rules.max_p95_ms:
+        failures.append(
+            f"absolute SLO: canary P95 {canary.p95_ms:.1f} ms > {rules.max_p95_ms:g} ms"
+        )
+    canary_errors = canary.errors / canary.requests
+    if canary_errors > rules.max_error_rate:
+        failures.append(
+            f"absolute SLO: canary error rate {canary_errors:.2%} > {rules.max_error_rate:.2%}"
+        )
+    if lat.low > 0 and latency_shift.value > math.log(tolerance):
+        failures.append(f"relative to baseline: {latency_text}, beyond the {tolerance_text}")
+    if err.low > 0 and errors_shift.value > error_tol:
+        failures.append(
+            f"relative to baseline: {error_text}, beyond the +{rules.error_tolerance_pt:g} pt tolerance"
+        )
+    if failures:
+        return verdict(Verdict.failed, "; ".join(failures), evidence)
+    if lat.high < math.log(tolerance) and err.high < error_tol:
+        return verdict(
+            Verdict.passed,
+            f"no regression beyond tolerance: {latency_text}, within the {tolerance_text}; "
+            f"{error_text}, within +{rules.error_tolerance_pt:g} pt",
+            evidence,
+        )
+    return verdict(
+        Verdict.inconclusive,
+        f"not yet conclusive after look {evidence.looks} of {rules.max_windows}: {latency_text}, "
+        f"{tolerance_text}; {error_text}",
+        evidence,
+    )
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{part / whole:.2%}" if whole else "n/a"
+
+
+# -- planning --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How long one step should take: windows for an equal canary to pass with the target power."""
+
+    weight: int
+    requests_per_window: float  # per cohort (canary, and baseline alike)
+    windows: int | None  # None: not within the rules' max windows
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """The canary's expected length per step, from recent traffic; `reachable` False warns a person."""
+
+    steps: list[StepPlan]
+    window_s: float
+    basis: str
+    reachable: bool
+    summary: str
+
+
+def windows_needed(
+    per_request_variance: float,
+    requests_per_window: float,
+    tolerance_log: float,
+    rules: CanaryRules,
+) -> int | None:
+    """Fewest windows after which a canary equal to its baseline passes with `rules.power`."""
+    if requests_per_window <= 0 or not math.isfinite(per_request_variance):
+        return None
+    z = NormalDist().inv_cdf(rules.power)
+    for k in range(1, rules.max_windows + 1):
+        n = k * requests_per_window
+        if n < rules.min_requests:
+            continue
+        variance = 2 * per_request_variance / n  # canary and baseline, equal shares
+        if (
+            half_width(variance, tolerance_log, rules.alpha) + z * math.sqrt(variance)
+            <= tolerance_log
+        ):
+            return k
+    return None
+
+
+def plan_canary(
+    recent: CohortSums | None,
+    rate_rps: float,
+    steps: list[int],
+    window_s: float,
+    rules: CanaryRules,
+) -> CanaryPlan:
+    """Windows each step should need, from the variance of recent stable traffic and the rate."""
+    if recent is None or recent.answered < rules.min_requests or recent.users < MIN_USERS:
+        return CanaryPlan(
+            [StepPlan(w, rate_rps * w / 100 * window_s, None) for w in steps],
+            window_s,
+            "no recent traffic to plan from",
+            True,
+            "no recent stable traffic: each step runs until its evidence is conclusive, "
+            f"at most {rules.max_windows} windows of {window_s:g} s",
+        )
+    per_request = mean_log_latency(recent).variance * recent.answered
+    tolerance_log = math.log(rules.latency_tolerance(recent.p95_ms))
+    plans = []
+    for w in steps:
+        per_window = rate_rps * w / 100 * window_s
+        plans.append(
+            StepPlan(w, per_window, windows_needed(per_request, per_window, tolerance_log, rules))
+        )
+    reachable = all(p.windows is not None for p in plans)
+    parts = [
+        f"{p.weight} %: ~{p.windows} window{'s' if p.windows != 1 else ''}"
+        if p.windows is not None
+        else f"{p.weight} %: not within {rules.max_windows} windows"
+        for p in plans
+    ]
+    total_s = sum((p.windows or rules.max_windows) * window_s for p in plans)
+    summary = f"{', '.join(parts)} - about {total_s / 60:.1f} minutes"
+    if not reachable:
+        summary += (
+            f"; at {rate_rps:g} req/s a step marked 'not within' cannot show 'no regression "
+            f"beyond x{math.exp(tolerance_log):.2f}' with {rules.power:.0%} power before its "
+            f"{rules.max_windows} windows end, and would pause for a person"
+        )
+    basis = (
+        f"{recent.answered:.0f} recent stable requests from {recent.users} users, P95 "
+        f"{recent.p95_ms:.1f} ms, at {rate_rps:g} req/s"
+    )
+    return CanaryPlan(plans, window_s, basis, reachable, summary)
+
+
+# -- task shells -----------------------------------------------------------------------------
+
+
+def _reader(settings: Settings) -> Any:
+    return connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
+
+
+@task(name="plan-canary", cache_policy=NO_CACHE)
+def plan_canary_steps(
+    settings: Settings,
+    release: Release,
+    steps: list[int],
+    window_s: float,
+    rules: CanaryRules,
+    traffic_rps: float | None,
+    lookback_minutes: float = 60.0,
+) -> CanaryPlan:
+    """Plan the canary from the last hour of stable traffic; a markdown artifact shows it."""
+    end = datetime.now(UTC)
+    start = end - timedelta(minutes=lookback_minutes)
+    cohorts = query_cohorts(_reader(settings), start, end, ("stable",))
+    recent = max(cohorts, key=lambda c: c.answered) if cohorts else None
+    if traffic_rps is not None:
+        rate = traffic_rps  # the embedded flow drives its own shoppers at this rate
+    elif recent is not None:
+        rate = recent.requests / (lookback_minutes * 60)
+    else:
+        rate = 0.0
+    plan = plan_canary(recent, rate, steps, window_s, rules)
+    record(
+        settings,
+        release,
+        "canary_plan",
+        "reachable" if plan.reachable else "unreachable",
+        plan.summary,
+        basis=plan.basis,
+        steps=[p.__dict__ for p in plan.steps],
+    )
+    create_markdown_artifact(
+        key="canary-plan",
+        markdown="\n".join(
+            [
+                f"# Canary plan for {release.version}",
+                "",
+                plan.summary,
+                "",
+                f"Basis: {plan.basis}. Windows of {window_s:g} s; a step ends as soon as it is "
+                f"conclusive. Power {rules.power:.0%} for a canary equal to its baseline to pass "
+                f"(confidence {rules.confidence:.0%}).",
+                "",
+                "| weight | requests per window (each cohort) | windows needed |",
+                "|---|---|---|",
+                *[
+                    f"| {p.weight} % | {p.requests_per_window:.0f} | "
+                    f"{p.windows if p.windows is not None else 'not within max'} |"
+                    for p in plan.steps
+                ],
+            ]
+        ),
+        description=plan.summary,
+    )
+    print(f"canary plan: {plan.summary}")
+    return plan
+
+
+def read_step_figures(
+    client: Any, step_start: datetime, start: datetime, end: datetime, canary: str, baseline: str
+) -> StepFigures:
+    """Cumulative and last-window figures of one step from the log store."""
+
+    def pick(cohorts: list[CohortSums], slot: str, version: str | None) -> CohortSums | None:
+        rows = [
+            c for c in cohorts if c.slot == slot and (version is None or c.model_version == version)
+        ]
+        return max(rows, key=lambda c: c.requests) if rows else None
+
+    step = query_cohorts(client, step_start, end, SLOTS)
+    window = query_cohorts(client, start, end, ("canary", "baseline"))
+    return StepFigures(
+        canary=pick(step, "canary", canary),
+        baseline=pick(step, "baseline", baseline),
+        stable=pick(step, "stable", None),
+        rank=query_rank_test(client, step_start, end, canary, baseline),
+        window_canary=pick(window, "canary", canary),
+        window_baseline=pick(window, "baseline", baseline),
+        window_rank=query_rank_test(client, start, end, canary, baseline),
+    )
+
+
+def unreachable_workers(settings: Settings) -> list[str]:
+    """URLs of workers that do not answer their admin API."""
+    with FleetClient.from_settings(settings) as fleet:
+        return [w.url for w in fleet.state().workers if w.status is None]
+
+
+def _error(reason: str, measured: dict[str, float] | None = None) -> GateResult:
+    return GateResult(
+        gate="canary", verdict=Verdict.error, reason=reason, measurements=measured or {}
+    )
+
+
+@task(name="analyse-canary-step", cache_policy=NO_CACHE)
+def analyse_canary_step(
+    settings: Settings,
+    release: Release,
+    baseline_version: str,
+    weight: int,
+    rules: CanaryRules,
+    window_s: float,
+    traffic: LiveTraffic | None,
+) -> GateResult:
+    """Look after every window until the step is conclusive or `rules.max_windows` pass.
+
+    Each window: (embedded) drive simulated shoppers, ingest the workers' logs, judge the step's
+    cumulative evidence. Failed log queries count towards `error`; a failure of the analysis
+    itself is `error` at once (a bug must never read as 'not enough evidence').
+    """
+    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+    rows: list[dict[str, Any]] = []
+    consecutive_errors = 0
+    evidence = StepEvidence()
+    gate = GateResult(gate="canary", verdict=Verdict.inconclusive, reason="no window analysed")
+    step_start = datetime.now(UTC)
+    for window in range(1, rules.max_windows + 1):
+        start = datetime.now(UTC)
+        if traffic is not None:
+            report = drive(urls, traffic)
+            if not report.sessions.empty:
+                from logstore.impact import insert_user_sessions
+
+                insert_user_sessions(
+                    logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
+                )
+        else:
+            time.sleep(window_s)
+        end = datetime.now(UTC)
+        time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
+        try:
+            figures = read_step_figures(
+                _reader(settings), step_start, start, end, release.version, baseline_version
+            )
+        except LOG_STORE_ERRORS as exc:  # a failed query is evidence of nothing; count it
+            consecutive_errors += 1
+            if consecutive_errors >= rules.consecutive_error_limit:
+                gate = _error(f"{consecutive_errors} consecutive failed log queries; last: {exc}")
+            else:
+                gate = GateResult(
+                    gate="canary",
+                    verdict=Verdict.inconclusive,
+                    reason=f"log query failed ({consecutive_errors} in a row): {exc}",
+                )
+        else:
+            consecutive_errors = 0
+            try:
+                gate, evidence = judge_window(figures, rules, evidence)
+            except Exception as exc:  # a bug in the analysis: never 'inconclusive'
+                log.exception("canary analysis failed")
+                gate = _error(f"the canary analysis itself failed: {type(exc).__name__}: {exc}")
+        lost = unreachable_workers(settings)
+        if lost:  # a dead worker logs nothing, so its absence must be checked, not inferred
+            gate = _error(f"worker(s) unreachable mid-canary: {', '.join(lost)}", gate.measurements)
+        if window == rules.max_windows and gate.verdict is Verdict.inconclusive:
+            gate = gate.model_copy(
+                update={
+                    "reason": f"still inconclusive after all {rules.max_windows} windows at "
+                    f"{weight} %: {gate.reason}"
+                }
+            )
+        record(
+            settings,
+            release,
+            "slo_window",
+            gate.verdict.value,
+            gate.reason,
+            weight=weight,
+            window=window,
+            method=gate.method,
+            measurements=gate.measurements,
+            thresholds=gate.thresholds,
+        )
+        rows.append(
+            {
+                "weight": weight,
+                "window": window,
+                "verdict": gate.verdict.value,
+                **{
+                    k: round(gate.measurements[k], 4)
+                    for k in _TABLE_COLUMNS
+                    if k in gate.measurements and math.isfinite(gate.measurements[k])
+                },
+                "reason": gate.reason,
+            }
+        )
+        if gate.verdict is not Verdict.inconclusive:
+            break
+    create_table_artifact(
+        key=f"canary-weight-{weight}",
+        table=rows,
+        description=(
+            f"Canary {release.version} vs baseline {baseline_version} at {weight} %: one row per "
+            f"look, cumulative over the step. Method: {METHOD}."
+        ),
+    )
+    return gate
+
+
+_TABLE_COLUMNS = (
+    "canary_requests",
+    "baseline_requests",
+    "canary_p95_ms",
+    "baseline_p95_ms",
+    "stable_p95_ms",
+    "latency_ratio",
+    "latency_ratio_low",
+    "latency_ratio_high",
+    "latency_tolerance_ratio",
+    "latency_p_always_valid",
+    "error_diff",
+    "mwu_p",
+    "window_mwu_p",
+)
+
+
+def estimate_shift(canary: CohortSums, baseline: CohortSums) -> Estimate:
+    """Δ mean log latency, canary minus baseline (for benchmarks and reports)."""
+    return difference(mean_log_latency(canary), mean_log_latency(baseline))
