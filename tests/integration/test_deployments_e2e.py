@@ -127,6 +127,26 @@ def test_zero_slo_is_rejected_by_the_api_the_ui_calls_with_its_message(stack):
     assert len(stack.flow_runs_of(RELEASE)) == before
 
 
+def test_bad_canary_rules_are_rejected_by_the_api_before_any_flow_run(stack):
+    deployment = stack.api("GET", f"/deployments/name/{RELEASE}")
+    before = len(stack.flow_runs_of(RELEASE))
+    for parameters, field in (
+        ({"confidence": 1.0}, "confidence"),
+        ({"confidence": 0.4}, "confidence"),
+        ({"tolerance_pct": -5}, "tolerance_pct"),
+        ({"max_windows_per_step": 0}, "max_windows_per_step"),
+        ({"canary_steps": [60]}, "canary_steps[0]"),  # the baseline needs as many users again
+    ):
+        response = httpx.post(
+            f"{stack.api_url}/deployments/{deployment['id']}/create_flow_run",
+            json={"parameters": parameters},
+            timeout=30,
+        )
+        assert response.status_code == 409, parameters
+        assert f"Validation failed for field '{field}'" in response.json()["detail"], parameters
+    assert len(stack.flow_runs_of(RELEASE)) == before
+
+
 def test_first_release_from_the_deployment_becomes_champion(stack, versions):
     run, artifacts = release(stack, seed=1)
     assert run["work_pool_name"] == "cpu" and run["parameters"]["epochs"] == 3
@@ -140,7 +160,9 @@ def test_first_release_from_the_deployment_becomes_champion(stack, versions):
 
 def test_second_release_is_canaried_and_promoted(stack, versions):
     run, artifacts = release(stack, seed=2)
-    assert set(artifacts) >= RELEASE_ARTIFACTS | {"slo-weight-50"}, sorted(artifacts)
+    assert set(artifacts) >= RELEASE_ARTIFACTS | {"canary-plan", "canary-weight-50"}, sorted(
+        artifacts
+    )
     assert outcome_of(artifacts) == "Release promoted", artifacts["release-outcome"]["data"]
     store = stack.store()
     champion = store.get_alias("champion")

@@ -1,8 +1,11 @@
 """The release, end to end, with two real serving workers and the real log store.
 
-Scenarios: first release; a good candidate promoted; a slow canary rolled back; a worker killed
-mid-canary; too little traffic paused for a person; numerically broken candidates never
-deployed; the release guard rolling back a champion whose live SLO breaks; a manual rollback.
+Scenarios: first release; a good candidate promoted against its baseline; a canary over the
+absolute SLO rolled back; a canary slower than its baseline but under the SLO rolled back by the
+relative comparison; a worker killed mid-canary; too little traffic paused for a person (twice:
+the plan, then the step); numerically broken candidates never deployed; the release guard
+rolling back a champion whose live SLO breaks; a manual rollback. The canary gate runs its
+default rules throughout.
 Tests run in order and share one fleet: each starts from the state the previous one left.
 """
 
@@ -32,7 +35,7 @@ from logstore.release_events import events_of_release
 from model_store import open_store
 from relay.errors import ParityFailed
 from relay.settings import get_settings
-from relay.types import Verdict
+from relay.types import Release, Verdict
 from serving.fleet import FleetClient
 from serving.process import WorkerProcess, start_worker
 from simulation.seed import seed_events
@@ -43,7 +46,6 @@ from tasks.calibration import (
     assess_candidate_calibration,
     ensure_calibration_set,
 )
-from relay.types import Release
 from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.data import window_ending
@@ -180,8 +182,16 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
     assert store.get_alias("champion") == summary.version
     assert fleet.stable() == {summary.version} and fleet.canary() == {None}
     events = kinds(summary)
-    assert [e.verdict for e in events["slo_window"]][-1] == "passed"
-    assert {e.details["weight"] for e in events["slo_window"]} == {25, 50}
+    windows = events["slo_window"]
+    assert windows[-1].verdict == "passed"
+    assert {e.details["weight"] for e in windows} == {25, 50}
+    last = windows[-1].details["measurements"]
+    # judged against a baseline of equal share; stable reported beside them
+    assert last["baseline_requests"] >= 200 and last["canary_requests"] >= 200
+    assert last["latency_ratio_high"] < last["latency_tolerance_ratio"]
+    assert "mSPRT" in windows[-1].details["method"] and "per-user" in windows[-1].details["method"]
+    assert "no regression beyond tolerance" in windows[-1].reason
+    assert events["canary_plan"][0].verdict == "reachable"
     assert events["promote"][0].verdict == "passed"
     history = store.alias_history("champion")
     assert [h.version for h in history[-2:]] == [fleet.versions["v1"], summary.version]
@@ -190,14 +200,15 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
     fleet.versions["v2"] = summary.version
 
 
-def test_slow_canary_fails_the_slo_gate_and_is_rolled_back(fleet):
+def test_canary_over_the_absolute_slo_is_rolled_back(fleet):
     with FleetClient.from_settings(get_settings()) as client:
         client.set_injected_latency("canary", 400.0)
         try:
             summary = run_release(seed=3)
         finally:
             client.set_injected_latency("canary", 0.0)
-    assert summary.outcome == "rolled_back" and "P95" in summary.reason
+    assert summary.outcome == "rolled_back", summary.reason
+    assert "absolute SLO: canary P95" in summary.reason and "> 300 ms" in summary.reason
     assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
     assert fleet.stable() == {fleet.versions["v2"]} and fleet.canary() == {None}
     events = kinds(summary)
@@ -205,6 +216,24 @@ def test_slow_canary_fails_the_slo_gate_and_is_rolled_back(fleet):
     rollback_ms = events["rollback"][0].details["rollback_ms"]
     assert 0 < rollback_ms < 10_000
     assert events["rolled_back"][0].details["rollback_ms"] == pytest.approx(rollback_ms)
+
+
+def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_relative_rule(fleet):
+    with FleetClient.from_settings(get_settings()) as client:
+        client.set_injected_latency("canary", 0.0, factor=2.0)  # twice as slow, still < 300 ms
+        try:
+            summary = run_release(seed=8)
+        finally:
+            client.set_injected_latency("canary", 0.0)
+    assert summary.outcome == "rolled_back", summary.reason
+    assert "relative to baseline" in summary.reason and "absolute" not in summary.reason
+    assert "beyond the tolerance" in summary.reason
+    failed = kinds(summary)["slo_window"][-1]
+    measured = failed.details["measurements"]
+    assert measured["canary_p95_ms"] < 300 and measured["latency_ratio_low"] > 1.0
+    assert measured["latency_ratio"] > measured["latency_tolerance_ratio"]
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
 
 
 def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet):
@@ -248,9 +277,17 @@ def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet)
 
 
 def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
+    # Two pauses: the plan warns up front that no step can conclude (a person starts it
+    # anyway), then the step ends inconclusive (a person rolls back).
+    answers = [
+        {"decision": "start the canary", "comment": "try it"},
+        {"decision": "roll back", "comment": "too quiet to judge"},
+    ]
+
     def resume_when_paused() -> None:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        seen: set = set()
+        while answers and time.monotonic() < deadline:
             with get_client(sync_client=True) as client:
                 paused = client.read_flow_runs(
                     flow_run_filter=FlowRunFilter(
@@ -259,12 +296,10 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
                         )
                     )
                 )
-            if paused:
-                resume_flow_run(
-                    paused[0].id,
-                    run_input={"decision": "roll back", "comment": "too quiet to judge"},
-                )
-                return
+            fresh = [r for r in paused if (r.id, r.state_id) not in seen]
+            if fresh:
+                seen.add((fresh[0].id, fresh[0].state_id))
+                resume_flow_run(fresh[0].id, run_input=answers.pop(0))
             time.sleep(0.5)
 
     resumer = threading.Thread(target=resume_when_paused, daemon=True)
@@ -273,8 +308,11 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
         seed=5, simulate_traffic=False, analysis_window_s=1.0, max_windows_per_step=1
     )
     resumer.join(timeout=5)
+    assert not answers, "the run did not pause twice"
     assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
     events = kinds(summary)
+    assert events["canary_plan"][0].verdict == "unreachable"
+    assert "not within 1 windows" in events["canary_plan"][0].reason
     assert events["slo_window"][-1].verdict == Verdict.inconclusive
     assert (
         fleet.canary() == {None}

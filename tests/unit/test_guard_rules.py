@@ -5,8 +5,8 @@ import pytest
 from logstore.slo import SlotStats
 from relay.types import GateResult, Verdict
 from tasks.canary import CanaryDecision, decision_verdict
-from tasks.rollback import previous_version
 from tasks.guard import GuardLimits, assess_live_slo, decide, quality_rule
+from tasks.rollback import previous_version
 
 LIMITS = GuardLimits(min_requests=100)
 

@@ -1,0 +1,218 @@
+"""The canary gate's pure core: sequential verdicts from per-user sums, and the plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from logstore.slo import CohortSums, cohort_sums_of
+from relay.types import Verdict
+from tasks.canary_analysis import (
+    CanaryRules,
+    StepEvidence,
+    StepFigures,
+    judge_window,
+    plan_canary,
+)
+from tasks.sequential import Estimate, always_valid_p, confidence_sequence, mean_log_latency
+
+RULES = CanaryRules()
+
+
+def cohort(
+    slot: str,
+    rng: np.random.Generator,
+    n: int,
+    factor: float = 1.0,
+    error_rate: float = 0.0,
+    users: int = 400,
+    median_ms: float = 20.0,
+    user_sd: float = 0.0,
+) -> CohortSums:
+    """Lognormal latencies (P95 ~ 2.5x median) from `users` sticky users, optionally slowed."""
+    user_ids = rng.integers(0, users, n)
+    user_effect = rng.normal(0.0, user_sd, users)[user_ids] if user_sd else 0.0
+    latency = np.exp(rng.normal(math.log(median_ms), 0.55, n) + user_effect) * factor
+    status = np.where(rng.random(n) < error_rate, 500, 200)
+    return cohort_sums_of(slot, "v2" if slot == "canary" else "v1", user_ids, latency, status)
+
+
+def judge(canary: CohortSums, baseline: CohortSums, rules: CanaryRules = RULES):
+    return judge_window(StepFigures(canary, baseline), rules, StepEvidence())
+
+
+def test_equal_canary_with_enough_traffic_passes_and_says_why() -> None:
+    rng = np.random.default_rng(1)
+    gate, evidence = judge(cohort("canary", rng, 3000), cohort("baseline", rng, 3000))
+    assert gate.verdict is Verdict.passed, gate.reason
+    assert "no regression beyond tolerance" in gate.reason and "always-valid 95%" in gate.reason
+    m = gate.measurements
+    assert m["latency_ratio_low"] < 1.0 < m["latency_ratio_high"] < m["latency_tolerance_ratio"]
+    assert m["canary_requests"] == 3000 and m["look"] == 1 and evidence.looks == 1
+    assert "mSPRT" in gate.method and "per-user" in gate.method
+
+
+def test_canary_slower_by_half_fails_by_the_relative_rule_under_the_absolute_slo() -> None:
+    rng = np.random.default_rng(2)
+    gate, _ = judge(cohort("canary", rng, 1000, factor=1.5), cohort("baseline", rng, 1000))
+    assert gate.verdict is Verdict.failed
+    assert gate.reason.startswith("relative to baseline") and "absolute" not in gate.reason
+    assert gate.measurements["canary_p95_ms"] < RULES.max_p95_ms
+    assert gate.measurements["latency_ratio_low"] > 1.0
+
+
+def test_a_clear_but_small_slowdown_within_tolerance_is_not_a_failure() -> None:
+    rng = np.random.default_rng(3)  # +4 %: detectable with this much data, but within +10 %
+    gate, _ = judge(cohort("canary", rng, 40_000, factor=1.04), cohort("baseline", rng, 40_000))
+    assert gate.measurements["latency_ratio_low"] > 1.0  # statistically clear ...
+    assert gate.verdict is Verdict.passed, gate.reason  # ... and practically irrelevant
+
+
+def test_tolerance_floor_in_ms_applies_when_baseline_is_fast() -> None:
+    # baseline P95 ~ 12 ms: 10 % is 1.2 ms, so the +5 ms floor sets the tolerance
+    assert RULES.latency_tolerance(12.0) == pytest.approx(1 + 5 / 12)
+    assert RULES.latency_tolerance(200.0) == pytest.approx(1.10)
+
+
+def test_swapped_cohorts_would_not_fail_a_faster_canary() -> None:
+    rng = np.random.default_rng(4)  # a faster canary must never fail the relative rule
+    gate, _ = judge(cohort("canary", rng, 1000), cohort("baseline", rng, 1000, factor=1.5))
+    assert gate.verdict is Verdict.passed, gate.reason
+
+
+def test_too_few_requests_is_inconclusive_and_names_the_counts() -> None:
+    rng = np.random.default_rng(5)
+    gate, evidence = judge(cohort("canary", rng, 150), cohort("baseline", rng, 150))
+    assert gate.verdict is Verdict.inconclusive
+    assert "150 requests" in gate.reason and "200" in gate.reason
+    assert evidence.looks == 0  # nothing was looked at
+
+
+def test_missing_baseline_is_inconclusive_never_passed() -> None:
+    rng = np.random.default_rng(6)
+    gate, _ = judge_window(StepFigures(cohort("canary", rng, 900), None), RULES, StepEvidence())
+    assert gate.verdict is Verdict.inconclusive and "baseline" in gate.reason
+
+
+def test_canary_over_the_absolute_slo_fails_even_against_an_equally_slow_baseline() -> None:
+    rng = np.random.default_rng(7)
+    gate, _ = judge(
+        cohort("canary", rng, 1000, median_ms=200), cohort("baseline", rng, 1000, median_ms=200)
+    )
+    assert gate.verdict is Verdict.failed and gate.reason.startswith("absolute SLO: canary P95")
+
+
+def test_more_errors_than_baseline_fails_by_the_two_proportion_rule() -> None:
+    rng = np.random.default_rng(8)
+    rules = CanaryRules(max_error_rate=0.05)  # keep the absolute rule out of the way
+    gate, _ = judge(
+        cohort("canary", rng, 6000, error_rate=0.02), cohort("baseline", rng, 6000), rules
+    )
+    assert gate.verdict is Verdict.failed
+    assert "canary errors" in gate.reason and "pt tolerance" in gate.reason
+    assert gate.measurements["error_diff_low"] > 0
+
+
+def test_no_errors_anywhere_still_has_an_honest_interval() -> None:
+    rng = np.random.default_rng(9)
+    gate, _ = judge(cohort("canary", rng, 300), cohort("baseline", rng, 300))
+    assert gate.measurements["error_diff_high"] > 0  # not a zero-width interval from zero errors
+
+
+def test_evidence_accumulates_across_looks_and_intervals_only_narrow() -> None:
+    rng = np.random.default_rng(10)
+    evidence = StepEvidence()
+    widths = []
+    canary, baseline = [], []
+    for _ in range(4):
+        canary.append(rng.normal(math.log(20), 0.55, 250))
+        baseline.append(rng.normal(math.log(20), 0.55, 250))
+        figures = StepFigures(
+            cohort_sums_of(
+                "canary",
+                "v2",
+                np.arange(len(np.concatenate(canary))) % 300,
+                np.exp(np.concatenate(canary)),
+                np.full(len(np.concatenate(canary)), 200),
+            ),
+            cohort_sums_of(
+                "baseline",
+                "v1",
+                np.arange(len(np.concatenate(baseline))) % 300,
+                np.exp(np.concatenate(baseline)),
+                np.full(len(np.concatenate(baseline)), 200),
+            ),
+        )
+        gate, evidence = judge_window(figures, RULES, evidence)
+        widths.append(evidence.latency.high - evidence.latency.low)
+    assert evidence.looks == 4 and gate.measurements["look"] == 4
+    assert all(b <= a for a, b in zip(widths, widths[1:], strict=False))
+
+
+def test_clustered_users_widen_the_interval() -> None:
+    """Sticky routing: heavy users' requests are correlated, so the per-user variance is larger."""
+    rng = np.random.default_rng(11)
+    independent = mean_log_latency(cohort("canary", rng, 4000, users=4000))
+    clustered = mean_log_latency(cohort("canary", rng, 4000, users=40, user_sd=0.5))
+    assert clustered.variance > 5 * independent.variance
+
+
+def test_confidence_sequence_is_wider_than_a_fixed_sample_interval_and_p_matches_it() -> None:
+    estimate = Estimate(0.05, 0.0004)  # se 0.02
+    cs = confidence_sequence(estimate, tau=0.1, alpha=0.05)
+    assert cs.high - estimate.value > 1.96 * 0.02  # paying for looking at every window
+    # the interval excludes 0 exactly when the always-valid p-value is below alpha
+    assert (cs.low > 0) == (always_valid_p(estimate, 0.1) < 0.05)
+    assert always_valid_p(Estimate(0.0, 0.0004), 0.1) == 1.0
+
+
+def test_aa_false_failures_stay_under_alpha_over_many_looks() -> None:
+    """Looking after every window does not inflate false rollbacks (the point of mSPRT)."""
+    rng = np.random.default_rng(12)
+    failed = 0
+    for _ in range(300):
+        evidence = StepEvidence()
+        c_rows, b_rows = [], []
+        for _ in range(10):
+            c_rows.append(rng.normal(math.log(40), 0.8, 60))
+            b_rows.append(rng.normal(math.log(40), 0.8, 60))
+            c, b = np.exp(np.concatenate(c_rows)), np.exp(np.concatenate(b_rows))
+            gate, evidence = judge_window(
+                StepFigures(
+                    cohort_sums_of("canary", "v2", np.arange(len(c)) % 97, c, np.full(len(c), 200)),
+                    cohort_sums_of(
+                        "baseline", "v1", np.arange(len(b)) % 89, b, np.full(len(b), 200)
+                    ),
+                ),
+                CanaryRules(tolerance_pct=0.0, tolerance_ms=0.001),  # any clear slowdown fails
+                evidence,
+            )
+            if gate.verdict is not Verdict.inconclusive:
+                break
+        failed += gate.verdict is Verdict.failed
+    assert failed / 300 <= 0.05
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("confidence", 0.5), ("confidence", 1.0), ("tolerance_pct", -1.0), ("max_windows", 0)],
+)
+def test_bad_rules_are_refused_naming_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        CanaryRules(**{field: value})
+
+
+def test_plan_says_how_many_windows_each_step_needs_and_when_it_cannot() -> None:
+    rng = np.random.default_rng(13)
+    recent = cohort("stable", rng, 5000, users=2000)
+    plan = plan_canary(recent, 200.0, [5, 25, 50], 20.0, RULES)
+    windows = [s.windows for s in plan.steps]
+    assert plan.reachable and all(w is not None for w in windows)
+    assert windows[0] >= windows[1] >= windows[2]  # more share, fewer windows
+    assert plan.summary.startswith("5 %: ~") and "minutes" in plan.summary
+    quiet = plan_canary(recent, 2.0, [5, 25, 50], 20.0, RULES)
+    assert not quiet.reachable and "5 %: not within 10 windows" in quiet.summary
+    unknown = plan_canary(None, 2.0, [5], 20.0, RULES)
+    assert unknown.reachable and "no recent stable traffic" in unknown.summary
