@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 from relay.errors import RelayError
 from relay.settings import get_settings
 
-# The demo drives its own shoppers; these keep each canary step conclusive in ~15 s.
+# The demo drives its own shoppers and judges them by the default rules; at 60 req/s the 10 %
+# step reaches its 200 requests per cohort in ~3 windows of 15 s and the 50 % step in one.
 DEMO_CANARY = {
     "canary_steps": [10, 50],
     "analysis_window_s": 15.0,
     "traffic_rps": 60.0,
-    "min_requests": 50,
     "approval_timeout_s": 600,
     "impact_min_sessions": 200,
 }
@@ -61,7 +61,7 @@ def _demo(args: argparse.Namespace) -> int:
     store = open_store(settings)
     print(f"\n  champion:      {store.get_alias('champion')}")
     print(
-        f"  artifacts:     {settings.prefect_ui_url}/artifacts (release-outcome, release-summary, calibration, slo-weight-*, parity, data-validation)"
+        f"  artifacts:     {settings.prefect_ui_url}/artifacts (release-outcome, release-summary, calibration, canary-plan, canary-weight-*, parity, data-validation)"
     )
     print(f"  model store:   {settings.resolved_model_store_url}")
     print(

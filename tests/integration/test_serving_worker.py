@@ -482,3 +482,37 @@ def test_every_request_good_or_bad_gets_exactly_one_log_row(
     assert ok["latency_ms"] > 0 and parts == pytest.approx(ok["latency_ms"], rel=1e-3, abs=1e-3)
     assert rows["log-bin-ok"][0]["input_bytes"] == 3 * 13 * 4
     assert rows[unknown.json()["request_id"]][0]["slot"] == "admin"
+
+
+def test_baseline_cohort_is_served_logged_shown_and_leaves_with_the_canary(
+    http: httpx.Client, worker: WorkerProcess, settings: Any, published_version: Any
+) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    version = published_version.manifest.version
+    try:
+        for slot in ("canary", "baseline"):  # the same version again: its own engine and batcher
+            loaded = http.post("/admin/load", json={"slot": slot, "version": version}, headers=auth)
+            assert loaded.status_code == 200, loaded.text
+        refused = http.post("/admin/weight", json={"weight": 60}, headers=auth)
+        assert refused.status_code == 400 and "at most 50%" in refused.json()["detail"]
+        assert http.post("/admin/weight", json={"weight": 30}, headers=auth).status_code == 200
+        state = http.get("/admin/state", headers=auth).json()
+        assert state["slots"]["baseline"]["version"] == version and state["canary_weight"] == 30
+        slots: dict[str, int] = {}
+        ids = []
+        for user in range(300):
+            doc = make_doc(n=2, seed=user)
+            doc["user"]["user_id"] = 10_000 + user
+            doc["request_id"] = f"cohort-{time.time_ns()}-{user}"
+            answer = http.post("/v1/predict", json=doc).json()
+            slots[answer["slot"]] = slots.get(answer["slot"], 0) + 1
+            ids.append(doc["request_id"])
+        assert set(slots) == {"canary", "baseline", "stable"}
+        assert abs(slots["canary"] - slots["baseline"]) < 60  # equal shares, 30 % each
+        rows = logged(settings, worker.log_path.parent / "spool", ids)
+        assert {r[0]["slot"] for r in rows.values()} == {"canary", "baseline", "stable"}
+        assert 'slot="baseline"' in http.get("/metrics").text
+    finally:
+        http.post("/admin/rollback", headers=auth)
+    state = http.get("/admin/state", headers=auth).json()
+    assert state["slots"]["baseline"] is None and state["slots"]["canary"] is None

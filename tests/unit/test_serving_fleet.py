@@ -24,8 +24,10 @@ class FakeWorker:
     known: set[str] = field(default_factory=lambda: {"v1", "v2"})
     stable: str | None = "v1"
     canary: str | None = None
+    baseline: str | None = None
     weight: int = 0
     refuse_loads: bool = False
+    max_models: int = 3
     unreachable: bool = False
     calls: list[str] = field(default_factory=list)
 
@@ -34,7 +36,11 @@ class FakeWorker:
         return {
             "ready": self.stable is not None,
             "reason": "ready",
-            "slots": {"stable": slot(self.stable), "canary": slot(self.canary)},
+            "slots": {
+                "stable": slot(self.stable),
+                "canary": slot(self.canary),
+                "baseline": slot(self.baseline),
+            },
             "canary_weight": self.weight,
         }
 
@@ -51,8 +57,13 @@ class FakeWorker:
                 return httpx.Response(422, json={"error": "load_failed", "detail": "disk full"})
             if body["version"] not in self.known:
                 return httpx.Response(404, json={"error": "unknown_version", "detail": "no such"})
+            held = sum(v is not None for v in (self.stable, self.canary, self.baseline))
+            if getattr(self, body["slot"]) is None and held >= self.max_models:
+                return httpx.Response(507, json={"error": "no_room", "detail": f"holds {held}"})
             if body["slot"] == "canary":
                 self.canary, self.weight = body["version"], 0
+            elif body["slot"] == "baseline":
+                self.baseline = body["version"]
             else:
                 self.stable = body["version"]
         elif path == "/admin/weight":
@@ -60,9 +71,9 @@ class FakeWorker:
                 return httpx.Response(409, json={"error": "no_canary", "detail": ""})
             self.weight = body["weight"]
         elif path == "/admin/promote":
-            self.stable, self.canary, self.weight = self.canary, None, 0
+            self.stable, self.canary, self.baseline, self.weight = self.canary, None, None, 0
         elif path == "/admin/rollback":
-            self.canary, self.weight = None, 0
+            self.canary, self.baseline, self.weight = None, None, 0
         return httpx.Response(200, json=self.state())
 
 
@@ -171,3 +182,35 @@ def test_from_settings_needs_urls_and_a_token() -> None:
         Settings(serving_fleet_urls="http://a:1, http://b:2/", serving_admin_token="x")  # type: ignore[arg-type]
     )
     assert fleet.urls == ["http://a:1", "http://b:2"]
+
+
+def test_deploy_canary_with_baseline_loads_both_then_switches() -> None:
+    a, b = two()
+    with fleet_of(a, b) as fleet:
+        result = fleet.deploy_canary("v2", weight=5, baseline="v1")
+    assert result.ok, result.reason
+    for w in (a, b):
+        assert (w.canary, w.baseline, w.stable, w.weight) == ("v2", "v1", "v1", 5)
+        assert w.calls == ["/admin/load", "/admin/load", "/admin/weight"]
+
+
+def test_a_worker_without_room_for_the_baseline_stops_the_deploy_and_nothing_stays_loaded() -> None:
+    a, b = two()
+    b.max_models = 2  # room for stable and canary, not for the baseline
+    with fleet_of(a, b) as fleet:
+        result = fleet.deploy_canary("v2", weight=5, baseline="v1")
+    assert not result.ok and result.phase == "load"
+    assert "baseline v1" in result.reason and "no_room" in result.reason and b.url in result.reason
+    for w in (a, b):
+        assert (w.canary, w.baseline, w.weight) == (None, None, 0)  # undone everywhere
+        assert "/admin/weight" not in w.calls  # no traffic ever moved
+
+
+def test_set_weight_refuses_when_workers_hold_different_baselines() -> None:
+    a, b = two()
+    a.canary = b.canary = "v2"
+    a.baseline, b.baseline = "v1", "v2"
+    with fleet_of(a, b) as fleet:
+        result = fleet.set_weight(25)
+    assert not result.ok and "different baseline versions" in result.reason
+    assert a.weight == b.weight == 0
