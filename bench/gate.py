@@ -354,6 +354,38 @@ def record_loads(bench: Bench, seconds: float) -> list[Load]:
     return loads
 
 
+def save_loads(loads: list[Load], path: Path) -> None:
+    arrays = {}
+    for load in loads:
+        arrays[f"{load.name}.rps"] = np.array([load.rps])
+        for slot in ("canary", "baseline"):
+            rec = getattr(load, slot)
+            for col in ("ts", "user", "latency_ms", "status"):
+                arrays[f"{load.name}.{slot}.{col}"] = getattr(rec, col)
+    np.savez_compressed(path, **arrays)
+
+
+def read_loads(path: Path) -> list[Load]:
+    data = np.load(path)
+    names = sorted({k.split(".")[0] for k in data.files}, key=["light", "heavy"].index)
+    return [
+        Load(
+            name,
+            *(
+                Recording(
+                    *(
+                        data[f"{name}.{slot}.{col}"]
+                        for col in ("ts", "user", "latency_ms", "status")
+                    )
+                )
+                for slot in ("canary", "baseline")
+            ),
+            float(data[f"{name}.rps"][0]),
+        )
+        for name in names
+    ]
+
+
 def live_releases(
     bench: Bench, n_aa: int, n_ab: int, rps: float, budget_s: float
 ) -> dict[str, Any]:
@@ -440,13 +472,21 @@ def main() -> None:
     parser.add_argument("--live-rps", type=float, default=250.0)
     parser.add_argument("--live-budget-s", type=float, default=1200.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "gate.json")
+    parser.add_argument(
+        "--recordings", type=Path, help="save the recordings here (.npz); reuse them if it exists"
+    )
     args = parser.parse_args()
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="relay-bench-gate-") as tmp_name:
         bench = start_fleet(Path(tmp_name))
         try:
-            loads = record_loads(bench, args.record_s)
+            if args.recordings and args.recordings.exists():
+                loads = read_loads(args.recordings)
+            else:
+                loads = record_loads(bench, args.record_s)
+                if args.recordings:
+                    save_loads(loads, args.recordings)
             offline_started = time.monotonic()
             offline = operating_characteristic(loads, args.releases, seed=7)
             offline["seconds"] = round(time.monotonic() - offline_started, 1)
