@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from logstore.slo import cohort_sums_of
+from logstore.slo import cohort_sums_of, paired_seconds_of
 from relay.types import Verdict
 from tasks.canary_analysis import CanaryRules, StepEvidence, StepFigures, judge_window
 
@@ -72,9 +72,20 @@ class Recording:
             ts.astype(float), user.astype(np.int64), latency.astype(float), status.astype(int)
         )
 
-    def take(self, start: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        idx = (start + np.arange(n)) % len(self.ts)
-        return self.user[idx], self.latency_ms[idx], self.status[idx]
+    def sample(
+        self, rng: np.random.Generator, start: float, n: int, offset: float
+    ) -> tuple[np.ndarray, ...]:
+        """n rows drawn from the WINDOW_S seconds after `start`, re-timed to begin at `offset`."""
+        lo, hi = np.searchsorted(self.ts, [start, start + WINDOW_S])
+        if hi - lo < 1:
+            lo, hi = 0, len(self.ts)
+        idx = rng.integers(lo, hi, n)
+        return (
+            self.user[idx],
+            self.latency_ms[idx],
+            self.status[idx],
+            self.ts[idx] - start + offset,
+        )
 
 
 @dataclass
@@ -86,12 +97,21 @@ class Load:
     baseline: Recording
     rps: float
 
-    def draw(self, rng: np.random.Generator, n_canary: int, n_baseline: int) -> tuple[Any, Any]:
-        """n rows of each slot, consecutive from one random moment of the recording."""
-        start = int(rng.integers(len(self.canary.ts)))
-        at = self.canary.ts[start]
-        b_start = int(np.searchsorted(self.baseline.ts, at)) % len(self.baseline.ts)
-        return self.canary.take(start, n_canary), self.baseline.take(b_start, n_baseline)
+    def draw(
+        self, rng: np.random.Generator, n_canary: int, n_baseline: int, window: int
+    ) -> tuple[Any, Any]:
+        """n rows of each slot from one random WINDOW_S-second stretch of the recording.
+
+        Both slots come from the same stretch, so they share its load swings as canary and
+        baseline do live; each keeps its own queue's ups and downs at their real time scale.
+        """
+        first, last = self.canary.ts[0], self.canary.ts[-1]
+        start = float(rng.uniform(first, max(first, last - WINDOW_S)))
+        offset = window * WINDOW_S  # windows follow each other in time
+        return (
+            self.canary.sample(rng, start, n_canary, offset),
+            self.baseline.sample(rng, start, n_baseline, offset),
+        )
 
     def summary(self) -> dict[str, float]:
         lat = np.concatenate([self.canary.latency_ms, self.baseline.latency_ms])
@@ -107,15 +127,13 @@ class Load:
 
 
 def apply(
-    rows: tuple[np.ndarray, np.ndarray, np.ndarray],
-    regression: tuple[float, float],
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows: tuple[np.ndarray, ...], regression: tuple[float, float], rng: np.random.Generator
+) -> tuple[np.ndarray, ...]:
     factor, extra_errors = regression
-    users, latency, status = rows
+    users, latency, status, ts = rows
     if extra_errors:
         status = np.where(rng.random(len(status)) < extra_errors, 500, status)
-    return users, latency * factor, status
+    return users, latency * factor, status, ts
 
 
 # -- the two rules, on the same draws --------------------------------------------------------
@@ -138,16 +156,15 @@ def sequential_release(
         for _ in range(rules.max_windows):
             windows += 1
             n = rng.poisson(rps * weight / 100 * WINDOW_S, 2)
-            c_rows, b_rows = load.draw(rng, int(n[0]), int(n[1]))
+            c_rows, b_rows = load.draw(rng, int(n[0]), int(n[1]), windows)
             cum[0].append(apply(c_rows, regression, rng))
             cum[1].append(b_rows)
+            canary = tuple(np.concatenate(x) for x in zip(*cum[0], strict=True))
+            baseline = tuple(np.concatenate(x) for x in zip(*cum[1], strict=True))
             figures = StepFigures(
-                cohort_sums_of(
-                    "canary", "b", *(np.concatenate(x) for x in zip(*cum[0], strict=True))
-                ),
-                cohort_sums_of(
-                    "baseline", "a", *(np.concatenate(x) for x in zip(*cum[1], strict=True))
-                ),
+                cohort_sums_of("canary", "b", *canary),
+                cohort_sums_of("baseline", "a", *baseline),
+                paired_seconds_of(canary, baseline),
             )
             gate, evidence = judge_window(figures, rules, evidence)
             if gate.verdict is not Verdict.inconclusive:
@@ -170,9 +187,9 @@ def point_p95_release(
             windows += 1
             n_canary = int(rng.poisson(rps * weight / 100 * WINDOW_S))
             n_stable = int(rng.poisson(rps * (100 - weight) / 100 * WINDOW_S))
-            c_rows, s_rows = load.draw(rng, n_canary, n_stable)
-            _, c_lat, c_status = apply(c_rows, regression, rng)
-            _, s_lat, _ = s_rows
+            c_rows, s_rows = load.draw(rng, n_canary, n_stable, windows)
+            _, c_lat, c_status, _ = apply(c_rows, regression, rng)
+            _, s_lat, _, _ = s_rows
             if n_canary < 200 or n_stable < 200:
                 continue
             c_p95, s_p95 = np.percentile(c_lat, 95), np.percentile(s_lat, 95)
@@ -329,7 +346,13 @@ def record_loads(bench: Bench, seconds: float) -> list[Load]:
             start = datetime.now(UTC)
             report = drive(
                 bench.urls,
-                LiveTraffic(rate_rps=rps, duration_s=seconds, concurrency=concurrency, seed=11),
+                LiveTraffic(
+                    rate_rps=rps,
+                    duration_s=seconds,
+                    concurrency=concurrency,
+                    seed=11,
+                    max_requests=int(rps * seconds),
+                ),
             )
             end = datetime.now(UTC)
             time.sleep(1.0)
@@ -466,7 +489,7 @@ def live_releases(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--releases", type=int, default=2000, help="simulated releases per case")
-    parser.add_argument("--record-s", type=float, default=45.0, help="seconds per load recording")
+    parser.add_argument("--record-s", type=float, default=90.0, help="seconds per load recording")
     parser.add_argument("--live-aa", type=int, default=10)
     parser.add_argument("--live-ab", type=int, default=10)
     parser.add_argument("--live-rps", type=float, default=250.0)

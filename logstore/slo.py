@@ -1,17 +1,20 @@
 """Per-slot latency and error figures over a window of `inference_logs`.
 
 Two shapes: `query_slot_stats` (point figures per slot: counts and quantiles, what the guard and
-reports read) and `query_cohorts` (per-slot sums over *users*, what the canary judge needs).
-Requests of one user are not independent: routing is sticky per user, so a slow user's many
-requests all land in one cohort. The judge therefore treats the user as the unit and estimates
-variances from per-user sums (the delta method for ratio metrics); ClickHouse computes those
-sums where the rows are, and only a dozen numbers per slot leave the database.
+reports read) and `query_cohorts` (per-slot sums clustered by user and by second, what the
+canary judge needs). Requests are not independent: routing is sticky per user, so one user's
+requests land in one cohort together, and each slot has its own batcher and queue, so requests
+that arrive in the same moment share its state. The judge estimates variances from these
+clustered sums (the delta method for ratio metrics, two-way clustered); ClickHouse computes the
+sums where the rows are, and only a score of numbers per slot leaves the database.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from clickhouse_connect.driver.client import Client
@@ -31,50 +34,109 @@ WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
 GROUP BY slot, model_version
 """
 
-# Inner: one row per (slot, version, user). Latency moments use answered requests only
-# (status < 400); errors are 5xx over every request that reached a model.
-_COHORT_SQL = """
+# Sums of per-cluster figures, clustered two ways: by user (sticky routing correlates one user's
+# requests) and by second (a slot's own batcher and queue correlate requests that arrive
+# together). Latency moments use answered requests only (status < 400); errors are 5xx over
+# every request that reached a model; a client's 4xx is neither.
+_CLUSTERS = """
+    SELECT
+        slot,
+        model_version,
+        count() AS clusters,
+        sum(answered * answered) AS aa,
+        sum(log_sum * log_sum) AS ss,
+        sum(answered * log_sum) AS a_s,
+        sum(requests * requests) AS rr,
+        sum(errors * errors) AS ee,
+        sum(requests * errors) AS re
+    FROM
+    (
+        SELECT
+            slot,
+            model_version,
+            {key} AS cluster,
+            toFloat64(countIf(status < 400)) AS answered,
+            toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
+            toFloat64(countIf(status >= 500)) AS errors,
+            sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum
+        FROM inference_logs
+        WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}}
+          AND slot IN {{slots:Array(String)}}
+        GROUP BY slot, model_version, cluster
+    )
+    GROUP BY slot, model_version
+"""
+
+_COHORT_SQL = f"""
 SELECT
     slot,
     model_version,
-    count() AS n_users,
-    sum(answered) AS sum_a,
-    sum(requests) AS sum_r,
-    sum(errors) AS sum_e,
-    sum(log_sum) AS sum_s,
-    sum(answered * answered) AS sum_aa,
-    sum(log_sum * log_sum) AS sum_ss,
-    sum(answered * log_sum) AS sum_as,
-    sum(requests * requests) AS sum_rr,
-    sum(errors * errors) AS sum_ee,
-    sum(requests * errors) AS sum_re,
-    any(q)[1] AS p50,
-    any(q)[2] AS p95,
-    any(q)[3] AS p99
+    totals.answered,
+    totals.requests,
+    totals.errors,
+    totals.log_sum,
+    totals.log_sq,
+    totals.q[1],
+    totals.q[2],
+    totals.q[3],
+    users.clusters, users.aa, users.ss, users.a_s, users.rr, users.ee, users.re,
+    seconds.clusters, seconds.aa, seconds.ss, seconds.a_s, seconds.rr, seconds.ee, seconds.re
 FROM
 (
     SELECT
         slot,
         model_version,
-        user_id,
+        toFloat64(countIf(status < 400)) AS answered,
+        toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
+        toFloat64(countIf(status >= 500)) AS errors,
+        sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum,
+        sumIf(pow(log(greatest(latency_ms, 0.001)), 2), status < 400) AS log_sq,
+        quantilesIf(0.5, 0.95, 0.99)(latency_ms, status < 400) AS q
+    FROM inference_logs
+    WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}}
+      AND slot IN {{slots:Array(String)}}
+    GROUP BY slot, model_version
+) AS totals
+JOIN ({_CLUSTERS.format(key="user_id")}) AS users USING (slot, model_version)
+JOIN ({_CLUSTERS.format(key="toStartOfSecond(ts)")}) AS seconds USING (slot, model_version)
+"""  # the two keys are fixed expressions of this module; every value travels as a parameter
+
+
+# Canary and baseline share each moment's load: per second, the cross-products of their sums,
+# so the variance of their difference can subtract what they have in common.
+_PAIRED_SECONDS_SQL = """
+SELECT
+    count() AS seconds,
+    sum(c.log_sum * b.log_sum), sum(c.log_sum * b.answered),
+    sum(c.answered * b.log_sum), sum(c.answered * b.answered),
+    sum(c.errors * b.errors), sum(c.errors * b.requests),
+    sum(c.requests * b.errors), sum(c.requests * b.requests)
+FROM
+(
+    SELECT
+        toStartOfSecond(ts) AS second,
         toFloat64(countIf(status < 400)) AS answered,
         toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
         toFloat64(countIf(status >= 500)) AS errors,
         sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum
     FROM inference_logs
     WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-      AND slot IN {slots:Array(String)}
-    GROUP BY slot, model_version, user_id
-) AS per_user
-LEFT JOIN
+      AND slot = 'canary' AND model_version = {canary:String}
+    GROUP BY second
+) AS c
+INNER JOIN
 (
-    SELECT slot, model_version, quantilesIf(0.5, 0.95, 0.99)(latency_ms, status < 400) AS q
+    SELECT
+        toStartOfSecond(ts) AS second,
+        toFloat64(countIf(status < 400)) AS answered,
+        toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
+        toFloat64(countIf(status >= 500)) AS errors,
+        sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum
     FROM inference_logs
     WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-      AND slot IN {slots:Array(String)}
-    GROUP BY slot, model_version
-) AS quantiles USING (slot, model_version)
-GROUP BY slot, model_version
+      AND slot = 'baseline' AND model_version = {baseline:String}
+    GROUP BY second
+) AS b USING (second)
 """
 
 # Per-user median latency, canary (sample 0) against baseline (sample 1): a rank test whose
@@ -108,30 +170,57 @@ class SlotStats:
 
 
 @dataclass(frozen=True)
-class CohortSums:
-    """One slot's users over a period, as sums over users i of their per-user figures.
+class ClusterSums:
+    """Sums over clusters c (users, or seconds) of per-cluster figures and their products.
 
-    For user i: a_i answered requests, s_i the sum of their log latencies, r_i requests that
-    reached a model, e_i of them 5xx. Sums of squares and cross-products give cluster-robust
-    variances without shipping rows.
+    For cluster c: a_c answered requests, s_c the sum of their log latencies, r_c requests that
+    reached a model, e_c of them 5xx. These give cluster-robust variances without shipping rows.
     """
+
+    clusters: int
+    aa: float  # Σ a_c²
+    ss: float  # Σ s_c²
+    a_s: float  # Σ a_c s_c
+    rr: float  # Σ r_c²
+    ee: float  # Σ e_c²
+    re: float  # Σ r_c e_c
+
+
+@dataclass(frozen=True)
+class CohortSums:
+    """One slot's requests over a period: totals, quantiles, and sums clustered two ways."""
 
     slot: str
     model_version: str
-    users: int
-    answered: float  # Σ a_i
-    requests: float  # Σ r_i
-    errors: float  # Σ e_i
-    log_sum: float  # Σ s_i
-    answered_sq: float  # Σ a_i²
-    log_sum_sq: float  # Σ s_i²
-    answered_x_log: float  # Σ a_i s_i
-    requests_sq: float  # Σ r_i²
-    errors_sq: float  # Σ e_i²
-    requests_x_errors: float  # Σ r_i e_i
+    answered: float  # requests answered (status < 400): the latency sample
+    requests: float  # requests that reached a model (answered or 5xx): the error sample
+    errors: float  # 5xx
+    log_sum: float  # Σ log latency over answered requests
+    log_sq: float  # Σ (log latency)² over answered requests
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    by_user: ClusterSums
+    by_second: ClusterSums
+
+    @property
+    def users(self) -> int:
+        return self.by_user.clusters
+
+
+@dataclass(frozen=True)
+class PairedSeconds:
+    """Cross-products, over the seconds both served, of canary (c) and baseline (b) sums."""
+
+    seconds: int
+    sc_sb: float  # Σ s_c s_b (log-latency sums)
+    sc_ab: float  # Σ s_c a_b
+    ac_sb: float  # Σ a_c s_b
+    ac_ab: float  # Σ a_c a_b (answered counts)
+    ec_eb: float  # Σ e_c e_b (5xx counts)
+    ec_rb: float  # Σ e_c r_b
+    rc_eb: float  # Σ r_c e_b
+    rc_rb: float  # Σ r_c r_b (requests)
 
 
 @dataclass(frozen=True)
@@ -163,36 +252,46 @@ def query_slot_stats(client: Client, start: datetime, end: datetime) -> list[Slo
 def query_cohorts(
     client: Client, start: datetime, end: datetime, slots: tuple[str, ...]
 ) -> list[CohortSums]:
-    """Per-user sums for each (slot, version) among `slots` that served requests in [start, end)."""
+    """Sums for each (slot, version) among `slots` that served requests in [start, end)."""
     result = client.query(
         _COHORT_SQL, parameters={"start": start, "end": end, "slots": list(slots)}
     )
-    return [
-        CohortSums(
-            slot=str(row[0]),
-            model_version=str(row[1]),
-            users=int(row[2]),
-            **{name: float(value) for name, value in zip(_COHORT_FLOATS, row[3:], strict=True)},
-        )
-        for row in result.result_rows
-    ]
+    return [_cohort(row) for row in result.result_rows]
 
 
-_COHORT_FLOATS = (
-    "answered",
-    "requests",
-    "errors",
-    "log_sum",
-    "answered_sq",
-    "log_sum_sq",
-    "answered_x_log",
-    "requests_sq",
-    "errors_sq",
-    "requests_x_errors",
-    "p50_ms",
-    "p95_ms",
-    "p99_ms",
-)
+def _cohort(row: Sequence[Any]) -> CohortSums:
+    slot, version, *numbers = row
+    answered, requests, errors, log_sum, log_sq, p50, p95, p99 = (float(x) for x in numbers[:8])
+
+    def clusters(values: list) -> ClusterSums:
+        aa, ss, a_s, rr, ee, re = (float(x) for x in values[1:])
+        return ClusterSums(int(values[0]), aa, ss, a_s, rr, ee, re)
+
+    return CohortSums(
+        str(slot),
+        str(version),
+        answered,
+        requests,
+        errors,
+        log_sum,
+        log_sq,
+        p50,
+        p95,
+        p99,
+        by_user=clusters(numbers[8:15]),
+        by_second=clusters(numbers[15:22]),
+    )
+
+
+def query_paired_seconds(
+    client: Client, start: datetime, end: datetime, canary: str, baseline: str
+) -> PairedSeconds:
+    """Canary x baseline per-second cross-products over [start, end)."""
+    row = client.query(
+        _PAIRED_SECONDS_SQL,
+        parameters={"start": start, "end": end, "canary": canary, "baseline": baseline},
+    ).result_rows[0]
+    return PairedSeconds(int(row[0]), *(float(x or 0.0) for x in row[1:]))
 
 
 def query_rank_test(
@@ -221,35 +320,92 @@ def cohort_sums_of(
     user_ids: np.ndarray,
     latency_ms: np.ndarray,
     status: np.ndarray,
+    ts: np.ndarray,
 ) -> CohortSums:
-    """The same sums as `query_cohorts`, computed from rows in memory (to replay recorded logs)."""
-    users, index = np.unique(user_ids, return_inverse=True)
-    k = len(users)
+    """The same sums as `query_cohorts`, computed from rows in memory (to replay recorded logs).
+
+    `ts` is in seconds; clusters by second use its floor, as ClickHouse's toStartOfSecond does.
+    """
     ok = status < 400
     reached = ok | (status >= 500)
-    answered = np.bincount(index, weights=ok.astype(float), minlength=k)
-    requests = np.bincount(index, weights=reached.astype(float), minlength=k)
-    errors = np.bincount(index, weights=(status >= 500).astype(float), minlength=k)
+    failed = status >= 500
     logs = np.where(ok, np.log(np.maximum(latency_ms, 0.001)), 0.0)
-    log_sum = np.bincount(index, weights=logs, minlength=k)
+
+    def clustered(keys: np.ndarray) -> ClusterSums:
+        _, index = np.unique(keys, return_inverse=True)
+        k = int(index.max()) + 1 if len(index) else 0
+
+        def per(weights: np.ndarray) -> np.ndarray:
+            return np.bincount(index, weights=weights.astype(float), minlength=k)
+
+        a, r, e, s_ = per(ok), per(reached), per(failed), per(logs)
+        return ClusterSums(
+            k,
+            float(a @ a),
+            float(s_ @ s_),
+            float(a @ s_),
+            float(r @ r),
+            float(e @ e),
+            float(r @ e),
+        )
+
     p50, p95, p99 = (
         np.quantile(latency_ms[ok], [0.5, 0.95, 0.99]) if ok.any() else (np.nan, np.nan, np.nan)
     )
     return CohortSums(
-        slot=slot,
-        model_version=model_version,
-        users=k,
-        answered=float(answered.sum()),
-        requests=float(requests.sum()),
-        errors=float(errors.sum()),
-        log_sum=float(log_sum.sum()),
-        answered_sq=float((answered * answered).sum()),
-        log_sum_sq=float((log_sum * log_sum).sum()),
-        answered_x_log=float((answered * log_sum).sum()),
-        requests_sq=float((requests * requests).sum()),
-        errors_sq=float((errors * errors).sum()),
-        requests_x_errors=float((requests * errors).sum()),
+        slot,
+        model_version,
+        answered=float(ok.sum()),
+        requests=float(reached.sum()),
+        errors=float(failed.sum()),
+        log_sum=float(logs.sum()),
+        log_sq=float((logs * logs).sum()),
         p50_ms=float(p50),
         p95_ms=float(p95),
         p99_ms=float(p99),
+        by_user=clustered(user_ids),
+        by_second=clustered(np.floor(ts)),
+    )
+
+
+def paired_seconds_of(
+    canary: tuple[np.ndarray, ...], baseline: tuple[np.ndarray, ...]
+) -> PairedSeconds:
+    """The same as `query_paired_seconds` from rows in memory: (user, latency, status, ts) each."""
+
+    def per_second(rows: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+        _, latency, status, ts = rows
+        seconds, index = np.unique(np.floor(ts), return_inverse=True)
+        ok = status < 400
+
+        def per(w: np.ndarray) -> np.ndarray:
+            return np.bincount(index, weights=w.astype(float), minlength=len(seconds))
+
+        logs = np.where(ok, np.log(np.maximum(latency, 0.001)), 0.0)
+        return {
+            "second": seconds,
+            "a": per(ok),
+            "r": per(ok | (status >= 500)),
+            "e": per(status >= 500),
+            "s": per(logs),
+        }
+
+    c, b = per_second(canary), per_second(baseline)
+    _, ci, bi = np.intersect1d(c["second"], b["second"], return_indices=True)
+    pick_c = {k: v[ci] for k, v in c.items()}
+    pick_b = {k: v[bi] for k, v in b.items()}
+
+    def dot(x: str, y: str) -> float:
+        return float(pick_c[x] @ pick_b[y])
+
+    return PairedSeconds(
+        len(ci),
+        dot("s", "s"),
+        dot("s", "a"),
+        dot("a", "s"),
+        dot("a", "a"),
+        dot("e", "e"),
+        dot("e", "r"),
+        dot("r", "e"),
+        dot("r", "r"),
     )

@@ -33,7 +33,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import logstore
-from logstore.slo import CohortSums, RankTest, query_cohorts, query_rank_test
+from logstore.slo import (
+    CohortSums,
+    PairedSeconds,
+    RankTest,
+    query_cohorts,
+    query_paired_seconds,
+    query_rank_test,
+)
 from logstore.spool import connect_for_reading
 from relay.errors import LogStoreError
 from relay.settings import Settings
@@ -47,8 +54,9 @@ from tasks.sequential import (
     Interval,
     confidence_sequence,
     difference,
-    error_rate,
+    error_shift,
     half_width,
+    latency_shift,
     mean_log_latency,
 )
 
@@ -121,6 +129,7 @@ class StepFigures:
 
     canary: CohortSums | None
     baseline: CohortSums | None
+    paired: PairedSeconds | None = None  # None: treat the cohorts' moments as unrelated
     stable: CohortSums | None = None
     rank: RankTest | None = None
     window_canary: CohortSums | None = None
@@ -208,15 +217,15 @@ def judge_window(
         )
 
     tolerance = rules.latency_tolerance(baseline.p95_ms)
-    latency_shift = difference(mean_log_latency(canary), mean_log_latency(baseline))
-    errors_shift = difference(error_rate(canary), error_rate(baseline))
+    shift = latency_shift(canary, baseline, figures.paired)
+    errors_shift = error_shift(canary, baseline, figures.paired)
     error_tol = rules.error_tolerance_pt / 100
     evidence = evidence.after(
-        confidence_sequence(latency_shift, math.log(tolerance), rules.alpha),
+        confidence_sequence(shift, math.log(tolerance), rules.alpha),
         confidence_sequence(errors_shift, max(error_tol, 1e-4), rules.alpha),
     )
     lat, err = evidence.latency, evidence.errors
-    ratio = math.exp(latency_shift.value)
+    ratio = math.exp(shift.value)
     measured |= {
         "latency_ratio": ratio,
         "latency_ratio_low": math.exp(lat.low),
@@ -257,7 +266,7 @@ def judge_window(
         failures.append(
             f"absolute SLO: canary error rate {canary_errors:.2%} > {rules.max_error_rate:.2%}"
         )
-    if lat.low > 0 and latency_shift.value > math.log(tolerance):
+    if lat.low > 0 and shift.value > math.log(tolerance):
         failures.append(f"relative to baseline: {latency_text}, beyond the {tolerance_text}")
     if err.low > 0 and errors_shift.value > error_tol:
         failures.append(
@@ -458,6 +467,7 @@ def read_step_figures(
     return StepFigures(
         canary=pick(step, "canary", canary),
         baseline=pick(step, "baseline", baseline),
+        paired=query_paired_seconds(client, step_start, end, canary, baseline),
         stable=pick(step, "stable", None),
         rank=query_rank_test(client, step_start, end, canary, baseline),
         window_canary=pick(window, "canary", canary),

@@ -19,22 +19,27 @@ and {θ0 : Λ(θ0) < 1/α} is a (1 - α) confidence sequence:
 
 τ is set to the practical tolerance, the size of effect the gate exists to tell apart.
 
-Requests of one user are correlated (routing is sticky), so estimates are ratios of per-user
-sums and their variances come from the delta method over users (Deng, Knoblich and Lu,
-"Applying the Delta Method in Metric Analytics", KDD 2018): for m = Σ s_i / Σ a_i,
-Var(m) ≈ k/(k-1) · Σ (s_i - m a_i)² / (Σ a_i)² over k users.
+Requests are correlated two ways: one user's requests (routing is sticky) and one slot's
+requests in the same moment (its own batcher and queue). Estimates are ratios of sums and their
+variances come from the delta method over clusters (Deng, Knoblich and Lu, "Applying the Delta
+Method in Metric Analytics", KDD 2018): for m = Σ s_c / Σ a_c over k clusters,
+Var(m) ≈ k/(k-1) · Σ (s_c - m a_c)² / (Σ a_c)², computed clustered by user and by second and
+combined two-way (Cameron, Gelbach and Miller, "Robust Inference with Multiway Clustering",
+JBES 2011).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from logstore.slo import CohortSums
+from logstore.slo import CohortSums, PairedSeconds
 
 METHOD = (
-    "per-user delta method (users are the unit: routing is sticky), mSPRT normal-mixture "
-    "confidence sequence, valid at every look (Johari et al. 2022)"
+    "delta method clustered two ways, per-user (routing is sticky) and per-second (a slot's "
+    "queue; canary and baseline paired by second), mSPRT normal-mixture confidence sequence "
+    "valid at every look (Johari et al. 2022)"
 )
 
 
@@ -58,43 +63,126 @@ class Interval:
 def _ratio_variance(
     k: int, num: float, den: float, num_sq: float, den_sq: float, cross: float
 ) -> float:
-    """Delta-method variance of Σnum/Σden over k independent users."""
+    """Delta-method variance of Σnum/Σden over k independent clusters."""
     if k < 2 or den <= 0:
         return math.inf
     ratio = num / den
-    spread = num_sq - 2 * ratio * cross + ratio * ratio * den_sq  # Σ (num_i - ratio den_i)²
+    spread = num_sq - 2 * ratio * cross + ratio * ratio * den_sq  # Σ (num_c - ratio den_c)²
     return k / (k - 1) * max(spread, 0.0) / (den * den)
 
 
+def _two_way(by_user: float, by_second: float, by_request: float) -> float:
+    """Clustered by user and by second at once (Cameron, Gelbach & Miller 2011): V_u + V_t - V_ut.
+
+    The intersection (one user within one second) is almost always a single request, so the
+    request-level variance stands in for it. Never below either one-way variance.
+    """
+    return max(by_user + by_second - by_request, by_user, by_second)
+
+
 def mean_log_latency(c: CohortSums) -> Estimate:
-    """Mean log latency over answered requests, with its cluster-robust variance."""
+    """Mean log latency over answered requests, with its two-way clustered variance."""
     if c.answered <= 0:
         return Estimate(math.nan, math.inf)
-    variance = _ratio_variance(
-        c.users, c.log_sum, c.answered, c.log_sum_sq, c.answered_sq, c.answered_x_log
-    )
-    return Estimate(c.log_sum / c.answered, variance)
+    u, t = c.by_user, c.by_second
+    n = c.answered
+    per_user = _ratio_variance(u.clusters, c.log_sum, n, u.ss, u.aa, u.a_s)
+    per_second = _ratio_variance(t.clusters, c.log_sum, n, t.ss, t.aa, t.a_s)
+    per_request = _ratio_variance(int(n), c.log_sum, n, c.log_sq, n, c.log_sum)
+    return Estimate(c.log_sum / n, _two_way(per_user, per_second, per_request))
 
 
 def error_rate(c: CohortSums) -> Estimate:
-    """5xx share of requests, with its cluster-robust variance.
+    """5xx share of requests, with its two-way clustered variance.
 
     The variance is floored at the binomial variance of an Agresti-Caffo-adjusted rate, so a
     cohort with no errors yet still has an honest uncertainty instead of zero.
     """
     if c.requests <= 0:
         return Estimate(math.nan, math.inf)
-    rate = c.errors / c.requests
-    clustered = _ratio_variance(
-        c.users, c.errors, c.requests, c.errors_sq, c.requests_sq, c.requests_x_errors
-    )
-    adjusted = (c.errors + 1) / (c.requests + 2)
-    return Estimate(rate, max(clustered, adjusted * (1 - adjusted) / c.requests))
+    u, t = c.by_user, c.by_second
+    n, e = c.requests, c.errors
+    per_user = _ratio_variance(u.clusters, e, n, u.ee, u.rr, u.re)
+    per_second = _ratio_variance(t.clusters, e, n, t.ee, t.rr, t.re)
+    per_request = _ratio_variance(int(n), e, n, e, n, e)  # e_j² = e_j, r_j = 1
+    adjusted = (e + 1) / (n + 2)
+    floor = adjusted * (1 - adjusted) / n
+    return Estimate(e / n, max(_two_way(per_user, per_second, per_request), floor))
 
 
 def difference(a: Estimate, b: Estimate) -> Estimate:
     """a - b for independent cohorts."""
     return Estimate(a.value - b.value, a.variance + b.variance)
+
+
+def _covariance_by_second(
+    k: int, mean_c: float, mean_b: float, total_c: float, total_b: float, cross: tuple[float, ...]
+) -> float:
+    """Cov of two ratio estimates clustered by the seconds both cohorts served.
+
+    cross = (Σ n_c n_b, Σ n_c d_b, Σ d_c n_b, Σ d_c d_b) for numerators n and denominators d.
+    """
+    if k < 2 or total_c <= 0 or total_b <= 0:
+        return 0.0
+    nn, nd, dn, dd = cross
+    joint = nn - mean_b * nd - mean_c * dn + mean_c * mean_b * dd
+    return k / (k - 1) * joint / (total_c * total_b)
+
+
+def latency_shift(c: CohortSums, b: CohortSums, paired: PairedSeconds | None) -> Estimate:
+    """Δ mean log latency, canary minus baseline.
+
+    Canary and baseline serve at the same moments, so a load swing slows both: the covariance of
+    their per-second sums is subtracted. Users are disjoint, so the per-user part has none.
+    """
+    shift = difference(mean_log_latency(c), mean_log_latency(b))
+    if paired is None or not math.isfinite(shift.variance):
+        return shift
+    cov = _covariance_by_second(
+        paired.seconds,
+        c.log_sum / c.answered,
+        b.log_sum / b.answered,
+        c.answered,
+        b.answered,
+        (paired.sc_sb, paired.sc_ab, paired.ac_sb, paired.ac_ab),
+    )
+    return Estimate(shift.value, _reduced(shift.variance, cov, c, b, mean_log_latency))
+
+
+def error_shift(c: CohortSums, b: CohortSums, paired: PairedSeconds | None) -> Estimate:
+    """Δ 5xx rate, canary minus baseline, paired by second like `latency_shift`."""
+    shift = difference(error_rate(c), error_rate(b))
+    if paired is None or not math.isfinite(shift.variance):
+        return shift
+    cov = _covariance_by_second(
+        paired.seconds,
+        c.errors / c.requests,
+        b.errors / b.requests,
+        c.requests,
+        b.requests,
+        (paired.ec_eb, paired.ec_rb, paired.rc_eb, paired.rc_rb),
+    )
+    return Estimate(shift.value, _reduced(shift.variance, cov, c, b, error_rate))
+
+
+def _reduced(
+    variance: float, cov: float, c: CohortSums, b: CohortSums, one: Callable[[CohortSums], Estimate]
+) -> float:
+    """variance - 2 cov, never below what the cohorts' own request-level noise allows.
+
+    The covariance only removes shared swings; the floor keeps an unlucky negative or inflated
+    covariance estimate from claiming more precision than independent requests would give.
+    """
+    floor = _request_level(c, one) + _request_level(b, one)
+    return max(variance - 2 * cov, floor)
+
+
+def _request_level(c: CohortSums, one: Callable[[CohortSums], Estimate]) -> float:
+    if one is error_rate:
+        rate = (c.errors + 1) / (c.requests + 2)
+        return rate * (1 - rate) / c.requests
+    n = c.answered
+    return _ratio_variance(int(n), c.log_sum, n, c.log_sq, n, c.log_sum)
 
 
 def half_width(variance: float, tau: float, alpha: float) -> float:

@@ -15,7 +15,13 @@ import pytest
 
 import logstore
 from logstore.impact import INFERENCE_LOG_COLUMNS, insert_inference_logs
-from logstore.slo import cohort_sums_of, query_cohorts, query_rank_test
+from logstore.slo import (
+    cohort_sums_of,
+    paired_seconds_of,
+    query_cohorts,
+    query_paired_seconds,
+    query_rank_test,
+)
 from relay.types import Verdict
 from tasks.canary_analysis import CanaryRules, StepEvidence, judge_window, read_step_figures
 
@@ -77,13 +83,20 @@ def test_clickhouse_per_user_sums_equal_the_offline_replay(seeded):
             f["user_id"].to_numpy(),
             f["latency_ms"].to_numpy().astype(float),
             f["status"].to_numpy(),
+            np.array([t.timestamp() for t in f["ts"]]),
         )
         have = got[slot]
         assert have.users == want.users and have.model_version == want.model_version
-        for name in ("answered", "requests", "errors", "answered_sq", "requests_sq", "errors_sq"):
+        for name in ("answered", "requests", "errors"):
             assert getattr(have, name) == getattr(want, name), name
-        for name in ("log_sum", "log_sum_sq", "answered_x_log", "requests_x_errors"):
+        for name in ("log_sum", "log_sq"):
             assert getattr(have, name) == pytest.approx(getattr(want, name), rel=1e-5), name
+        for clustering in ("by_user", "by_second"):
+            h, w = getattr(have, clustering), getattr(want, clustering)
+            assert h.clusters == w.clusters, clustering
+            assert (h.aa, h.rr, h.ee, h.re) == (w.aa, w.rr, w.ee, w.re), clustering
+            assert h.ss == pytest.approx(w.ss, rel=1e-5) and h.a_s == pytest.approx(w.a_s, rel=1e-5)
+        assert have.by_second.clusters == 60  # a minute of rows, one cluster per second
         assert have.p95_ms == pytest.approx(want.p95_ms, rel=0.05)  # ClickHouse's quantile samples
         assert have.requests < len(f)  # 4xx are the client's fault: neither latency nor error
 
@@ -109,3 +122,23 @@ def test_step_figures_from_clickhouse_fail_a_canary_slower_by_60_percent(seeded)
     gate, _ = judge_window(figures, CanaryRules(), StepEvidence())
     assert gate.verdict is Verdict.failed and "relative to baseline" in gate.reason
     assert gate.measurements["mwu_p"] < 1e-6 and gate.measurements["window_mwu_p"] < 1e-3
+
+
+def test_clickhouse_pairs_canary_and_baseline_by_second_as_the_replay_does(seeded):
+    client, frames = seeded
+
+    def rows(f: pd.DataFrame) -> tuple[np.ndarray, ...]:
+        return (
+            f["user_id"].to_numpy(),
+            f["latency_ms"].to_numpy().astype(float),
+            f["status"].to_numpy(),
+            np.array([t.timestamp() for t in f["ts"]]),
+        )
+
+    have = query_paired_seconds(client, START, START + timedelta(minutes=1), "q-v2", "q-v1")
+    want = paired_seconds_of(rows(frames["canary"]), rows(frames["baseline"]))
+    assert have.seconds == want.seconds == 60
+    for name in ("ac_ab", "ec_eb", "ec_rb", "rc_eb", "rc_rb"):
+        assert getattr(have, name) == getattr(want, name), name
+    for name in ("sc_sb", "sc_ab", "ac_sb"):
+        assert getattr(have, name) == pytest.approx(getattr(want, name), rel=1e-5), name

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from logstore.slo import CohortSums, cohort_sums_of
+from logstore.slo import CohortSums, cohort_sums_of, paired_seconds_of
 from relay.types import Verdict
 from tasks.canary_analysis import (
     CanaryRules,
@@ -16,7 +16,13 @@ from tasks.canary_analysis import (
     judge_window,
     plan_canary,
 )
-from tasks.sequential import Estimate, always_valid_p, confidence_sequence, mean_log_latency
+from tasks.sequential import (
+    Estimate,
+    always_valid_p,
+    confidence_sequence,
+    latency_shift,
+    mean_log_latency,
+)
 
 RULES = CanaryRules()
 
@@ -36,7 +42,8 @@ def cohort(
     user_effect = rng.normal(0.0, user_sd, users)[user_ids] if user_sd else 0.0
     latency = np.exp(rng.normal(math.log(median_ms), 0.55, n) + user_effect) * factor
     status = np.where(rng.random(n) < error_rate, 500, 200)
-    return cohort_sums_of(slot, "v2" if slot == "canary" else "v1", user_ids, latency, status)
+    ts = rng.uniform(0, 60, n)  # a minute of traffic
+    return cohort_sums_of(slot, "v2" if slot == "canary" else "v1", user_ids, latency, status, ts)
 
 
 def judge(canary: CohortSums, baseline: CohortSums, rules: CanaryRules = RULES):
@@ -51,7 +58,7 @@ def test_equal_canary_with_enough_traffic_passes_and_says_why() -> None:
     m = gate.measurements
     assert m["latency_ratio_low"] < 1.0 < m["latency_ratio_high"] < m["latency_tolerance_ratio"]
     assert m["canary_requests"] == 3000 and m["look"] == 1 and evidence.looks == 1
-    assert "mSPRT" in gate.method and "per-user" in gate.method
+    assert "mSPRT" in gate.method and "per-user" in gate.method and "per-second" in gate.method
 
 
 def test_canary_slower_by_half_fails_by_the_relative_rule_under_the_absolute_slo() -> None:
@@ -136,6 +143,7 @@ def test_evidence_accumulates_across_looks_and_intervals_only_narrow() -> None:
                 np.arange(len(np.concatenate(canary))) % 300,
                 np.exp(np.concatenate(canary)),
                 np.full(len(np.concatenate(canary)), 200),
+                np.arange(len(np.concatenate(canary))) / 25.0,
             ),
             cohort_sums_of(
                 "baseline",
@@ -143,6 +151,7 @@ def test_evidence_accumulates_across_looks_and_intervals_only_narrow() -> None:
                 np.arange(len(np.concatenate(baseline))) % 300,
                 np.exp(np.concatenate(baseline)),
                 np.full(len(np.concatenate(baseline)), 200),
+                np.arange(len(np.concatenate(baseline))) / 25.0,
             ),
         )
         gate, evidence = judge_window(figures, RULES, evidence)
@@ -157,6 +166,43 @@ def test_clustered_users_widen_the_interval() -> None:
     independent = mean_log_latency(cohort("canary", rng, 4000, users=4000))
     clustered = mean_log_latency(cohort("canary", rng, 4000, users=40, user_sd=0.5))
     assert clustered.variance > 5 * independent.variance
+
+
+def test_a_slot_whose_queue_swings_over_time_widens_the_interval() -> None:
+    """Each slot has its own batcher: a queue that builds up slows every request of that moment."""
+    rng = np.random.default_rng(14)
+    n = 6000
+    ts = np.sort(rng.uniform(0, 60, n))
+    users = rng.integers(0, 3000, n)
+    calm = np.exp(rng.normal(math.log(20), 0.5, n))
+    swings = calm * np.exp(rng.normal(0, 0.4, 60))[ts.astype(int)]  # one queue state per second
+    steady = mean_log_latency(cohort_sums_of("c", "v", users, calm, np.full(n, 200), ts))
+    bursty = mean_log_latency(cohort_sums_of("c", "v", users, swings, np.full(n, 200), ts))
+    assert bursty.variance > 5 * steady.variance
+
+
+def test_pairing_by_second_removes_load_swings_canary_and_baseline_share() -> None:
+    """A busy second slows both cohorts: their difference should not pay for it twice."""
+    rng = np.random.default_rng(15)
+    n = 6000
+    load = np.exp(rng.normal(0, 0.4, 60))  # the host's load, second by second
+
+    def rows(offset: int) -> tuple[np.ndarray, ...]:
+        ts = np.sort(rng.uniform(0, 60, n))
+        latency = np.exp(rng.normal(math.log(20), 0.5, n)) * load[ts.astype(int)]
+        return rng.integers(0, 3000, n) + offset, latency, np.full(n, 200), ts
+
+    c_rows, b_rows = rows(0), rows(10_000)
+    c = cohort_sums_of("canary", "v2", *c_rows)
+    b = cohort_sums_of("baseline", "v1", *b_rows)
+    unpaired = latency_shift(c, b, None)
+    paired = latency_shift(c, b, paired_seconds_of(c_rows, b_rows))
+    assert paired.value == unpaired.value
+    assert paired.variance < unpaired.variance / 4
+    gate, _ = judge_window(
+        StepFigures(c, b, paired=paired_seconds_of(c_rows, b_rows)), RULES, StepEvidence()
+    )
+    assert gate.verdict is Verdict.passed, gate.reason
 
 
 def test_confidence_sequence_is_wider_than_a_fixed_sample_interval_and_p_matches_it() -> None:
@@ -181,9 +227,21 @@ def test_aa_false_failures_stay_under_alpha_over_many_looks() -> None:
             c, b = np.exp(np.concatenate(c_rows)), np.exp(np.concatenate(b_rows))
             gate, evidence = judge_window(
                 StepFigures(
-                    cohort_sums_of("canary", "v2", np.arange(len(c)) % 97, c, np.full(len(c), 200)),
                     cohort_sums_of(
-                        "baseline", "v1", np.arange(len(b)) % 89, b, np.full(len(b), 200)
+                        "canary",
+                        "v2",
+                        np.arange(len(c)) % 97,
+                        c,
+                        np.full(len(c), 200),
+                        np.arange(len(c)) / 3.0,
+                    ),
+                    cohort_sums_of(
+                        "baseline",
+                        "v1",
+                        np.arange(len(b)) % 89,
+                        b,
+                        np.full(len(b), 200),
+                        np.arange(len(b)) / 3.0,
                     ),
                 ),
                 CanaryRules(tolerance_pct=0.0, tolerance_ms=0.001),  # any clear slowdown fails
