@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from statistics import NormalDist
@@ -406,7 +407,11 @@ def plan_canary_steps(
     """Plan the canary from the last hour of stable traffic; a markdown artifact shows it."""
     end = datetime.now(UTC)
     start = end - timedelta(minutes=lookback_minutes)
-    cohorts = query_cohorts(_reader(settings), start, end, ("stable",))
+    try:
+        cohorts = query_cohorts(_reader(settings), start, end, ("stable",))
+    except LOG_STORE_ERRORS as exc:  # planning is advice: the gate itself reports a dead store
+        log.warning("cannot read recent traffic to plan the canary: %s", exc)
+        cohorts = []
     recent = max(cohorts, key=lambda c: c.answered) if cohorts else None
     if traffic_rps is not None:
         rate = traffic_rps  # the embedded flow drives its own shoppers at this rate
@@ -488,46 +493,32 @@ def _error(reason: str, measured: dict[str, float] | None = None) -> GateResult:
     )
 
 
-@task(name="analyse-canary-step", cache_policy=NO_CACHE)
-def analyse_canary_step(
-    settings: Settings,
-    release: Release,
-    baseline_version: str,
-    weight: int,
-    rules: CanaryRules,
-    window_s: float,
-    traffic: LiveTraffic | None,
-) -> GateResult:
-    """Look after every window until the step is conclusive or `rules.max_windows` pass.
+@dataclass(frozen=True)
+class StepIO:
+    """What a canary step does to the world. The task shell passes real ones; tests pass fakes."""
 
-    Each window: (embedded) drive simulated shoppers, ingest the workers' logs, judge the step's
-    cumulative evidence. Failed log queries count towards `error`; a failure of the analysis
-    itself is `error` at once (a bug must never read as 'not enough evidence').
+    run_window: Callable[[], tuple[datetime, datetime]]  # traffic or a wait; the window's bounds
+    read_figures: Callable[[datetime, datetime, datetime], StepFigures]  # step start, window
+    unreachable_workers: Callable[[], list[str]]
+    on_look: Callable[[int, GateResult], None] = lambda window, gate: None  # as each look ends
+
+
+def run_step(io: StepIO, rules: CanaryRules, weight: int) -> list[GateResult]:
+    """Every look of one step, in order; the last is the step's verdict.
+
+    Failed log queries count towards `error`; a failure of the analysis itself is `error` at
+    once (a bug must never read as 'not enough evidence'); a worker that stops answering is
+    `error` (a dead worker logs nothing, so its absence must be checked, not inferred).
     """
-    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
-    rows: list[dict[str, Any]] = []
+    looks: list[GateResult] = []
     consecutive_errors = 0
     evidence = StepEvidence()
-    gate = GateResult(gate="canary", verdict=Verdict.inconclusive, reason="no window analysed")
-    step_start = datetime.now(UTC)
+    step_start: datetime | None = None
     for window in range(1, rules.max_windows + 1):
-        start = datetime.now(UTC)
-        if traffic is not None:
-            report = drive(urls, traffic)
-            if not report.sessions.empty:
-                from logstore.impact import insert_user_sessions
-
-                insert_user_sessions(
-                    logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
-                )
-        else:
-            time.sleep(window_s)
-        end = datetime.now(UTC)
-        time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
+        start, end = io.run_window()
+        step_start = step_start or start
         try:
-            figures = read_step_figures(
-                _reader(settings), step_start, start, end, release.version, baseline_version
-            )
+            figures = io.read_figures(step_start, start, end)
         except LOG_STORE_ERRORS as exc:  # a failed query is evidence of nothing; count it
             consecutive_errors += 1
             if consecutive_errors >= rules.consecutive_error_limit:
@@ -545,16 +536,73 @@ def analyse_canary_step(
             except Exception as exc:  # a bug in the analysis: never 'inconclusive'
                 log.exception("canary analysis failed")
                 gate = _error(f"the canary analysis itself failed: {type(exc).__name__}: {exc}")
-        lost = unreachable_workers(settings)
-        if lost:  # a dead worker logs nothing, so its absence must be checked, not inferred
+        lost = io.unreachable_workers()
+        if lost:
             gate = _error(f"worker(s) unreachable mid-canary: {', '.join(lost)}", gate.measurements)
         if window == rules.max_windows and gate.verdict is Verdict.inconclusive:
-            gate = gate.model_copy(
-                update={
-                    "reason": f"still inconclusive after all {rules.max_windows} windows at "
-                    f"{weight} %: {gate.reason}"
-                }
-            )
+            reason = f"still inconclusive after all {rules.max_windows} windows at {weight} %: "
+            gate = gate.model_copy(update={"reason": reason + gate.reason})
+        looks.append(gate)
+        io.on_look(window, gate)
+        if gate.verdict is not Verdict.inconclusive:
+            break
+    return looks
+
+
+def _table_row(weight: int, window: int, gate: GateResult) -> dict[str, Any]:
+    measured = gate.measurements
+    return {
+        "weight": weight,
+        "window": window,
+        "verdict": gate.verdict.value,
+        **{
+            k: round(measured[k], 4)
+            for k in _TABLE_COLUMNS
+            if k in measured and math.isfinite(measured[k])
+        },
+        "reason": gate.reason,
+    }
+
+
+@task(name="analyse-canary-step", cache_policy=NO_CACHE)
+def analyse_canary_step(
+    settings: Settings,
+    release: Release,
+    baseline_version: str,
+    weight: int,
+    rules: CanaryRules,
+    window_s: float,
+    traffic: LiveTraffic | None,
+) -> GateResult:
+    """Look after every window until the step is conclusive or `rules.max_windows` pass.
+
+    Each window: (embedded) drive simulated shoppers, ingest the workers' logs, judge the step's
+    cumulative evidence; every look is a release event and a row of the step's table artifact.
+    """
+    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+
+    def run_window() -> tuple[datetime, datetime]:
+        start = datetime.now(UTC)
+        if traffic is not None:
+            report = drive(urls, traffic)
+            if not report.sessions.empty:
+                from logstore.impact import insert_user_sessions
+
+                insert_user_sessions(
+                    logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
+                )
+        else:
+            time.sleep(window_s)
+        end = datetime.now(UTC)
+        time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
+        return start, end
+
+    def read_figures(step_start: datetime, start: datetime, end: datetime) -> StepFigures:
+        return read_step_figures(
+            _reader(settings), step_start, start, end, release.version, baseline_version
+        )
+
+    def on_look(window: int, gate: GateResult) -> None:  # visible while the step still runs
         record(
             settings,
             release,
@@ -567,30 +615,18 @@ def analyse_canary_step(
             measurements=gate.measurements,
             thresholds=gate.thresholds,
         )
-        rows.append(
-            {
-                "weight": weight,
-                "window": window,
-                "verdict": gate.verdict.value,
-                **{
-                    k: round(gate.measurements[k], 4)
-                    for k in _TABLE_COLUMNS
-                    if k in gate.measurements and math.isfinite(gate.measurements[k])
-                },
-                "reason": gate.reason,
-            }
-        )
-        if gate.verdict is not Verdict.inconclusive:
-            break
+
+    io = StepIO(run_window, read_figures, lambda: unreachable_workers(settings), on_look)
+    looks = run_step(io, rules, weight)
     create_table_artifact(
         key=f"canary-weight-{weight}",
-        table=rows,
+        table=[_table_row(weight, i, g) for i, g in enumerate(looks, 1)],
         description=(
             f"Canary {release.version} vs baseline {baseline_version} at {weight} %: one row per "
             f"look, cumulative over the step. Method: {METHOD}."
         ),
     )
-    return gate
+    return looks[-1]
 
 
 _TABLE_COLUMNS = (

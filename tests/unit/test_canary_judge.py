@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
 
 from logstore.slo import CohortSums, cohort_sums_of, paired_seconds_of
+from relay.errors import LogStoreError
 from relay.types import Verdict
 from tasks.canary_analysis import (
     CanaryRules,
     StepEvidence,
     StepFigures,
+    StepIO,
     judge_window,
     plan_canary,
+    run_step,
 )
 from tasks.sequential import (
     Estimate,
@@ -274,3 +278,72 @@ def test_plan_says_how_many_windows_each_step_needs_and_when_it_cannot() -> None
     assert not quiet.reachable and "5 %: not within 10 windows" in quiet.summary
     unknown = plan_canary(None, 2.0, [5], 20.0, RULES)
     assert unknown.reachable and "no recent stable traffic" in unknown.summary
+
+
+# -- the step loop, with fake windows, log store and fleet ---------------------------------
+
+
+class FakeStep:
+    """Windows one second apart; figures from a list (or an exception); a fleet that may die."""
+
+    def __init__(self, figures: list, lost_after: int | None = None) -> None:
+        self.figures, self.lost_after, self.windows = list(figures), lost_after, 0
+        self.seen: list[tuple[int, Verdict]] = []
+
+    def io(self) -> StepIO:
+        def run_window() -> tuple[datetime, datetime]:
+            self.windows += 1
+            start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=self.windows)
+            return start, start + timedelta(seconds=1)
+
+        def read(step_start: datetime, start: datetime, end: datetime) -> StepFigures:
+            item = self.figures.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            return item
+
+        def lost() -> list[str]:
+            died = self.lost_after is not None and self.windows > self.lost_after
+            return ["http://127.0.0.1:9"] if died else []
+
+        return StepIO(run_window, read, lost, lambda w, g: self.seen.append((w, g.verdict)))
+
+
+def test_step_stops_at_the_first_conclusive_look_and_reports_each_look() -> None:
+    rng = np.random.default_rng(20)
+    thin = StepFigures(cohort("canary", rng, 50), cohort("baseline", rng, 50))
+    enough = StepFigures(cohort("canary", rng, 3000), cohort("baseline", rng, 3000))
+    step = FakeStep([thin, enough, enough])
+    looks = run_step(step.io(), RULES, 25)
+    assert [g.verdict for g in looks] == [Verdict.inconclusive, Verdict.passed]
+    assert step.seen == [(1, Verdict.inconclusive), (2, Verdict.passed)]
+
+
+def test_a_bug_in_the_analysis_is_an_error_at_once_never_inconclusive() -> None:
+    broken = StepFigures(canary="not a cohort", baseline="nor this")  # type: ignore[arg-type]
+    looks = run_step(FakeStep([broken] * 10).io(), RULES, 5)
+    assert len(looks) == 1 and looks[0].verdict is Verdict.error
+    assert "the canary analysis itself failed" in looks[0].reason
+
+
+def test_failed_log_queries_are_an_error_only_after_the_consecutive_limit() -> None:
+    failure = LogStoreError("ClickHouse at chdb://x unreachable")
+    looks = run_step(FakeStep([failure] * 10).io(), RULES, 5)
+    assert [g.verdict for g in looks] == [Verdict.inconclusive] * 3 + [Verdict.error]
+    assert "4 consecutive failed log queries" in looks[-1].reason
+
+
+def test_a_worker_that_stops_answering_is_an_error_naming_it() -> None:
+    rng = np.random.default_rng(21)
+    thin = StepFigures(cohort("canary", rng, 50), cohort("baseline", rng, 50))
+    looks = run_step(FakeStep([thin] * 10, lost_after=2).io(), RULES, 5)
+    assert [g.verdict for g in looks] == [Verdict.inconclusive] * 2 + [Verdict.error]
+    assert "unreachable mid-canary: http://127.0.0.1:9" in looks[-1].reason
+
+
+def test_undecided_after_the_last_window_says_so() -> None:
+    rng = np.random.default_rng(22)
+    thin = StepFigures(cohort("canary", rng, 50), cohort("baseline", rng, 50))
+    looks = run_step(FakeStep([thin] * 3).io(), CanaryRules(max_windows=3), 5)
+    assert len(looks) == 3 and looks[-1].verdict is Verdict.inconclusive
+    assert looks[-1].reason.startswith("still inconclusive after all 3 windows at 5 %")
