@@ -41,7 +41,8 @@ from tasks.canary import (
     read_fleet_stable,
     set_canary_weight,
 )
-from tasks.canary_analysis import CanaryRules, analyse_canary_step, plan_canary_steps
+from tasks.canary_analysis import CanaryRules, analyse_canary_step
+from tasks.canary_plan import plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx

@@ -14,7 +14,7 @@ window's, for the record) it returns a typed verdict and the evidence carried to
   window and over the step. It is a fixed-sample test: it is shown, never decided on, because
   looking at it after every window would inflate its false alarms.
 
-`plan_canary` says before the first step how many windows each step should need.
+`tasks.canary_plan` says before the first step how many windows each step should need.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from statistics import NormalDist
+from datetime import UTC, datetime
 from typing import Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from prefect import task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import logstore
@@ -51,14 +50,10 @@ from simulation.traffic import LiveTraffic, drive
 from tasks.canary import record
 from tasks.sequential import (
     METHOD,
-    Estimate,
     Interval,
     confidence_sequence,
-    difference,
     error_shift,
-    half_width,
     latency_shift,
-    mean_log_latency,
 )
 
 log = logging.getLogger("relay.canary")
@@ -294,166 +289,11 @@ def _pct(part: float, whole: float) -> str:
     return f"{part / whole:.2%}" if whole else "n/a"
 
 
-# -- planning --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How long one step should take: windows for an equal canary to pass with the target power."""
-
-    weight: int
-    requests_per_window: float  # per cohort (canary, and baseline alike)
-    windows: int | None  # None: not within the rules' max windows
-
-
-@dataclass(frozen=True)
-class CanaryPlan:
-    """The canary's expected length per step, from recent traffic; `reachable` False warns a person."""
-
-    steps: list[StepPlan]
-    window_s: float
-    basis: str
-    reachable: bool
-    summary: str
-
-
-def windows_needed(
-    per_request_variance: float,
-    requests_per_window: float,
-    tolerance_log: float,
-    rules: CanaryRules,
-) -> int | None:
-    """Fewest windows after which a canary equal to its baseline passes with `rules.power`."""
-    if requests_per_window <= 0 or not math.isfinite(per_request_variance):
-        return None
-    z = NormalDist().inv_cdf(rules.power)
-    for k in range(1, rules.max_windows + 1):
-        n = k * requests_per_window
-        if n < rules.min_requests:
-            continue
-        variance = 2 * per_request_variance / n  # canary and baseline, equal shares
-        if (
-            half_width(variance, tolerance_log, rules.alpha) + z * math.sqrt(variance)
-            <= tolerance_log
-        ):
-            return k
-    return None
-
-
-def plan_canary(
-    recent: CohortSums | None,
-    rate_rps: float,
-    steps: list[int],
-    window_s: float,
-    rules: CanaryRules,
-) -> CanaryPlan:
-    """Windows each step should need, from the variance of recent stable traffic and the rate."""
-    if recent is None or recent.answered < rules.min_requests or recent.users < MIN_USERS:
-        return CanaryPlan(
-            [StepPlan(w, rate_rps * w / 100 * window_s, None) for w in steps],
-            window_s,
-            "no recent traffic to plan from",
-            True,
-            "no recent stable traffic: each step runs until its evidence is conclusive, "
-            f"at most {rules.max_windows} windows of {window_s:g} s",
-        )
-    per_request = mean_log_latency(recent).variance * recent.answered
-    tolerance_log = math.log(rules.latency_tolerance(recent.p95_ms))
-    plans = []
-    for w in steps:
-        per_window = rate_rps * w / 100 * window_s
-        plans.append(
-            StepPlan(w, per_window, windows_needed(per_request, per_window, tolerance_log, rules))
-        )
-    reachable = all(p.windows is not None for p in plans)
-    parts = [
-        f"{p.weight} %: ~{p.windows} window{'s' if p.windows != 1 else ''}"
-        if p.windows is not None
-        else f"{p.weight} %: not within {rules.max_windows} windows"
-        for p in plans
-    ]
-    total_s = sum((p.windows or rules.max_windows) * window_s for p in plans)
-    summary = f"{', '.join(parts)} - about {total_s / 60:.1f} minutes"
-    if not reachable:
-        summary += (
-            f"; at {rate_rps:g} req/s a step marked 'not within' cannot show 'no regression "
-            f"beyond x{math.exp(tolerance_log):.2f}' with {rules.power:.0%} power before its "
-            f"{rules.max_windows} windows end, and would pause for a person"
-        )
-    basis = (
-        f"{recent.answered:.0f} recent stable requests from {recent.users} users, P95 "
-        f"{recent.p95_ms:.1f} ms, at {rate_rps:g} req/s"
-    )
-    return CanaryPlan(plans, window_s, basis, reachable, summary)
-
-
 # -- task shells -----------------------------------------------------------------------------
 
 
-def _reader(settings: Settings) -> Any:
+def reader(settings: Settings) -> Any:
     return connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
-
-
-@task(name="plan-canary", cache_policy=NO_CACHE)
-def plan_canary_steps(
-    settings: Settings,
-    release: Release,
-    steps: list[int],
-    window_s: float,
-    rules: CanaryRules,
-    traffic_rps: float | None,
-    lookback_minutes: float = 60.0,
-) -> CanaryPlan:
-    """Plan the canary from the last hour of stable traffic; a markdown artifact shows it."""
-    end = datetime.now(UTC)
-    start = end - timedelta(minutes=lookback_minutes)
-    try:
-        cohorts = query_cohorts(_reader(settings), start, end, ("stable",))
-    except LOG_STORE_ERRORS as exc:  # planning is advice: the gate itself reports a dead store
-        log.warning("cannot read recent traffic to plan the canary: %s", exc)
-        cohorts = []
-    recent = max(cohorts, key=lambda c: c.answered) if cohorts else None
-    if traffic_rps is not None:
-        rate = traffic_rps  # the embedded flow drives its own shoppers at this rate
-    elif recent is not None:
-        rate = recent.requests / (lookback_minutes * 60)
-    else:
-        rate = 0.0
-    plan = plan_canary(recent, rate, steps, window_s, rules)
-    record(
-        settings,
-        release,
-        "canary_plan",
-        "reachable" if plan.reachable else "unreachable",
-        plan.summary,
-        basis=plan.basis,
-        steps=[p.__dict__ for p in plan.steps],
-    )
-    create_markdown_artifact(
-        key="canary-plan",
-        markdown="\n".join(
-            [
-                f"# Canary plan for {release.version}",
-                "",
-                plan.summary,
-                "",
-                f"Basis: {plan.basis}. Windows of {window_s:g} s; a step ends as soon as it is "
-                f"conclusive. Power {rules.power:.0%} for a canary equal to its baseline to pass "
-                f"(confidence {rules.confidence:.0%}).",
-                "",
-                "| weight | requests per window (each cohort) | windows needed |",
-                "|---|---|---|",
-                *[
-                    f"| {p.weight} % | {p.requests_per_window:.0f} | "
-                    f"{p.windows if p.windows is not None else 'not within max'} |"
-                    for p in plan.steps
-                ],
-            ]
-        ),
-        description=plan.summary,
-    )
-    print(f"canary plan: {plan.summary}")
-    return plan
 
 
 def read_step_figures(
@@ -599,7 +439,7 @@ def analyse_canary_step(
 
     def read_figures(step_start: datetime, start: datetime, end: datetime) -> StepFigures:
         return read_step_figures(
-            _reader(settings), step_start, start, end, release.version, baseline_version
+            reader(settings), step_start, start, end, release.version, baseline_version
         )
 
     def on_look(window: int, gate: GateResult) -> None:  # visible while the step still runs
@@ -644,8 +484,3 @@ _TABLE_COLUMNS = (
     "mwu_p",
     "window_mwu_p",
 )
-
-
-def estimate_shift(canary: CohortSums, baseline: CohortSums) -> Estimate:
-    """Δ mean log latency, canary minus baseline (for benchmarks and reports)."""
-    return difference(mean_log_latency(canary), mean_log_latency(baseline))

@@ -17,9 +17,9 @@ from tasks.canary_analysis import (
     StepFigures,
     StepIO,
     judge_window,
-    plan_canary,
     run_step,
 )
+from tasks.canary_plan import plan_canary
 from tasks.sequential import (
     Estimate,
     always_valid_p,
