@@ -44,7 +44,7 @@ down:
 # The demo runs its flows in this process. It does not start the pool worker: the embedded
 # ClickHouse admits one process at a time, and a scheduled guard run in a worker would contend.
 demo: stack
-	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m flows.cli demo
+	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m relay_cli demo
 
 # The UI test drives Debian's chromium through Playwright (never `playwright install`: that
 # downloads a browser).
@@ -63,7 +63,7 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy relay model_store logstore simulation tasks flows serving
+	$(BIN)/mypy relay model_store logstore simulation tasks flows serving relay_cli relay_testing
 
 clean: down
 	rm -rf .relay

@@ -294,9 +294,9 @@ class Bench:
 def start_fleet(tmp: Path) -> Bench:
     from model_store import ModelStore
     from model_store.local import LocalBackend
+    from relay_testing.versions import train_and_publish
     from serving.process import start_worker
     from simulation.shop import ShopConfig, generate_events
-    from tasks.registry import train_and_publish
     from tasks.training import TrainConfig
 
     store = ModelStore(LocalBackend(tmp / "store"))
@@ -441,7 +441,9 @@ def live_releases(
             outcome, windows, reason = "promoted", 0, ""
             for weight in STEPS:
                 fleet.set_weight(weight)
-                traffic = LiveTraffic(rate_rps=rps, duration_s=WINDOW_S, concurrency=16, seed=i)
+                traffic = LiveTraffic(
+                    rate_rps=rps, duration_s=WINDOW_S, concurrency=32, seed=i, max_requests=100_000
+                )
                 gate = analyse_canary_step.fn(
                     settings, release, bench.stable, weight, rules, WINDOW_S, traffic
                 )
@@ -492,8 +494,8 @@ def main() -> None:
     parser.add_argument("--record-s", type=float, default=90.0, help="seconds per load recording")
     parser.add_argument("--live-aa", type=int, default=10)
     parser.add_argument("--live-ab", type=int, default=10)
-    parser.add_argument("--live-rps", type=float, default=250.0)
-    parser.add_argument("--live-budget-s", type=float, default=1200.0)
+    parser.add_argument("--live-rps", type=float, default=400.0)
+    parser.add_argument("--live-budget-s", type=float, default=1500.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "gate.json")
     parser.add_argument(
         "--recordings", type=Path, help="save the recordings here (.npz); reuse them if it exists"

@@ -1,12 +1,12 @@
 """Benchmark rollback: repeated canary-then-rollback cycles on 2 local workers under live traffic.
 
-    python -m bench.rollback [--cycles 20] [--rps 150]
+    python -m bench.rollback [--cycles 20] [--rps 150] [--events 30000] [--out PATH]
 
 A separate process sends predict requests to both workers the whole time and records each
 request's start, end and outcome. Each cycle deploys a canary at 50 %, lets traffic reach it,
 then takes the "verdict" and rolls back; rollback latency is verdict -> weight 0 and canary
-unloaded on every worker (the fleet client returns only when all have answered). Writes
-bench/results/rollback.json.
+unloaded on every worker (the fleet client returns only when all have answered). The two
+versions are trained on --events simulated events. Writes bench/results/rollback.json (or --out).
 """
 
 from __future__ import annotations
@@ -58,21 +58,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--rps", type=float, default=150.0)
+    parser.add_argument("--events", type=int, default=30_000, help="training events per version")
+    parser.add_argument("--out", type=Path, default=RESULTS / "rollback.json")
     args = parser.parse_args()
 
     from model_store import ModelStore
     from model_store.local import LocalBackend
+    from relay_testing.versions import train_and_publish
     from serving.fleet import FleetClient
     from serving.process import start_worker
     from simulation.shop import ShopConfig, generate_events
     from simulation.traffic import request_bodies
-    from tasks.registry import train_and_publish
     from tasks.training import TrainConfig
 
     with tempfile.TemporaryDirectory(prefix="relay-bench-rollback-") as tmp_name:
         tmp = Path(tmp_name)
         store = ModelStore(LocalBackend(tmp / "store"))
-        frame = generate_events(ShopConfig(seed=3), 30_000, datetime(2026, 11, 1, tzinfo=UTC))
+        frame = generate_events(ShopConfig(seed=3), args.events, datetime(2026, 11, 1, tzinfo=UTC))
         stable, _ = train_and_publish(
             store, frame, TrainConfig(seed=1, epochs=1), tmp / "v1", "bench"
         )
@@ -148,8 +150,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "measured_at": datetime.now(UTC).isoformat(),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rollback.json").write_text(json.dumps(figures, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
     print(json.dumps(figures, indent=2))
 
 

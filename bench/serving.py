@@ -1,8 +1,10 @@
 """Serving benchmark: the worker against its HTTP ceiling, its compute ceiling and a naive server.
 
     python -m bench.serving [--seconds 5] [--rounds 3] [--connections 64] [--version REF]
+                            [--train-events 30000] [--out PATH]
 
-Side by side in one run, on one model and one pool of 20-candidate request bodies:
+Side by side in one run, on one model and one pool of 20-candidate request bodies from the
+simulated shop (simulation.traffic.request_bodies, as the canary's live traffic sends):
   echo           the worker's HTTP stack (uvicorn, uvloop, httptools, the bare ASGI predict
                  path) and request parsing (serving.schema.decode_json), answering a constant:
                  the HTTP ceiling
@@ -16,8 +18,8 @@ Servers run pinned to CPU 0; this process generates the load pinned to CPU 1, ov
 as closed loops of `--connections` connections. Scenarios are measured in interleaved rounds
 and each reports its median round, so load from neighbours on a shared host hits all alike.
 An open-loop sweep then finds the highest rate the worker sustains with P95 <= 300 ms.
-Writes bench/results/serving.json. Without --version it uses the newest version in the
-configured model store, or trains a small one (about 30 s).
+Writes bench/results/serving.json (or --out). Without --version it uses the newest version in
+the configured model store, or trains a small one on --train-events events (30,000: about 30 s).
 
 The subcommands `echo-server` and `naive-server` are the baselines' server processes.
 """
@@ -55,54 +57,18 @@ SERVER_CPU, LOAD_CPU = 0, 1
 
 
 def request_docs(n: int, seed: int = 3) -> list[dict[str, Any]]:
-    """`n` JSON predict bodies of 20 candidates each, different users, plausible values."""
-    rng = np.random.default_rng(seed)
-    docs = []
-    for i in range(n):
-        candidates = [
-            {
-                "item_id": int(rng.integers(1, 5_000)),
-                "category_id": int(rng.integers(0, 64)),
-                "brand_id": int(rng.integers(0, 2_000)),
-                "position": pos + 1,
-                "price": round(float(rng.lognormal(3.2, 0.8)), 2),
-                "discount_pct": round(float(rng.uniform(0, 0.5)), 3),
-                "item_rating": round(float(rng.uniform(1, 5)), 1),
-                "item_review_count": int(rng.integers(0, 5_000)),
-                "item_age_days": int(rng.integers(0, 1_000)),
-                "item_ctr_7d": round(float(rng.uniform(0, 0.2)), 4),
-                "item_impressions_7d": int(rng.integers(0, 100_000)),
-                "user_category_affinity": round(float(rng.uniform(0, 1)), 3),
-                "price_to_user_avg": round(float(rng.lognormal(0, 0.5)), 3),
-            }
-            for pos in range(CANDIDATES)
-        ]
-        docs.append(
-            {
-                "user": {
-                    "user_id": 1_000 + i,
-                    "user_age": int(rng.integers(18, 70)),
-                    "user_tenure_days": int(rng.integers(0, 2_000)),
-                    "user_clicks_30d": int(rng.integers(0, 200)),
-                    "user_orders_30d": int(rng.integers(0, 20)),
-                    "user_ctr_30d": round(float(rng.uniform(0, 0.3)), 4),
-                    "user_avg_price": round(float(rng.lognormal(3.4, 0.7)), 2),
-                },
-                "session": {
-                    "session_id": f"bench-{i}",
-                    "session_depth": int(rng.integers(1, 30)),
-                    "session_duration_s": int(rng.integers(1, 1_800)),
-                    "seconds_since_last_click": int(rng.integers(0, 600)),
-                },
-                "context": {
-                    "device_type": int(rng.integers(0, 3)),
-                    "hour": int(rng.integers(0, 24)),
-                    "weekday": int(rng.integers(0, 7)),
-                    "region_id": int(rng.integers(0, 32)),
-                },
-                "candidates": candidates,
-            }
-        )
+    """`n` JSON predict bodies of 20 candidates each from the simulated shop, one session each."""
+    from datetime import UTC, datetime
+
+    from simulation.shop import ShopConfig, generate_events
+    from simulation.traffic import request_bodies
+
+    events = generate_events(
+        ShopConfig(seed=seed), n * CANDIDATES, datetime(2026, 11, 1, tzinfo=UTC)
+    )
+    docs = request_bodies(events, CANDIDATES)
+    for i, doc in enumerate(docs):
+        doc["session"]["session_id"] = f"bench-{i}"
     return docs
 
 
@@ -484,7 +450,7 @@ class Target:
     met: bool
 
 
-def resolve_version(ref: str | None, home: Path) -> tuple[Any, Any]:
+def resolve_version(ref: str | None, home: Path, train_events: int) -> tuple[Any, Any]:
     """(store, manifest): `ref` from the configured store, else a small model built for the bench."""
     from model_store import open_store
     from relay.errors import VersionNotFound
@@ -501,37 +467,25 @@ def resolve_version(ref: str | None, home: Path) -> tuple[Any, Any]:
         if ref:
             raise
     print("no model version in the store: training a small one for the benchmark", flush=True)
-    return build_small_version(home)
+    return build_small_version(home, train_events)
 
 
-def build_small_version(root: Path) -> tuple[Any, Any]:
-    """Train, export, compile and publish a CTR model on 30k simulated events (about 30 s)."""
+def build_small_version(root: Path, events: int) -> tuple[Any, Any]:
+    """(store, manifest): a CTR model on `events` simulated events (30k: about 30 s), published."""
     from datetime import UTC, datetime
-
-    import torch
 
     from model_store import ModelStore
     from model_store.local import LocalBackend
+    from relay_testing.versions import train_and_publish
     from simulation.shop import ShopConfig, generate_events
-    from tasks.compilation import CompileOutcome, optimise_fp32
-    from tasks.export import export_model
-    from tasks.lineage import compute_lineage_record
-    from tasks.registry import build_manifest
-    from tasks.training import TrainConfig, train_model
+    from tasks.training import TrainConfig
 
-    work = root / "bench-model"
-    work.mkdir(parents=True, exist_ok=True)
-    frame = generate_events(ShopConfig(seed=5), 30_000, datetime(2026, 11, 1, tzinfo=UTC))
-    trained = train_model(frame, TrainConfig(seed=5, epochs=1))
-    torch.save(trained.model.state_dict(), work / "weights.pt")
-    onnx_path = export_model(trained.model, work / "model.onnx")
-    engines = [optimise_fp32(onnx_path, work / "ort-fp32.onnx")]
-    record = compute_lineage_record(onnx_path, frame, engines, "bench")
+    frame = generate_events(ShopConfig(seed=5), events, datetime(2026, 11, 1, tzinfo=UTC))
     store = ModelStore(LocalBackend(root / "store"))
-    manifest = build_manifest(
-        trained, CompileOutcome(engines, []), record, store, onnx_path, work / "weights.pt"
+    manifest, _ = train_and_publish(
+        store, frame, TrainConfig(seed=5, epochs=1), root / "bench-model", "bench"
     )
-    return store, store.publish(manifest)
+    return store, manifest
 
 
 def worker_batch_rows(metrics_text: str) -> tuple[float, float]:
@@ -694,7 +648,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="relay-bench-serving-") as tmp, ExitStack() as stack:
         home = Path(tmp)
-        store, manifest = resolve_version(args.version, home)
+        store, manifest = resolve_version(args.version, home, args.train_events)
         servers = start_servers(stack, home, store, manifest)
         server_of = {s: servers["worker" if s == "worker_binary" else s] for s in SCENARIOS}
         rounds: dict[str, list[dict[str, float]]] = {s: [] for s in SCENARIOS}
@@ -794,6 +748,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sweep-max", type=float, default=20_000.0)
     parser.add_argument("--sweep-seconds", type=float, default=5.0)
     parser.add_argument("--version", help="model version or alias (default: newest in the store)")
+    parser.add_argument(
+        "--train-events", type=int, default=30_000, help="events for the model trained without one"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     args = parser.parse_args(argv)
     if args.command == "echo-server":
         echo_server(args.port)
@@ -822,11 +780,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         "wall_s": round(time.time() - started, 1),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "serving.json").write_text(json.dumps(out, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
     for t in checks:
         print(f"{'MET ' if t.met else 'MISSED'} {t.name}: {t.measured} (target {t.target})")
-    print(f"wrote {RESULTS / 'serving.json'}")
+    print(f"wrote {args.out}")
     return 0
 
 

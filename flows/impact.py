@@ -10,8 +10,6 @@ from pydantic import Field
 
 from relay.settings import get_settings
 from tasks.impact import (
-    ImpactOptions,
-    StoredImpactReport,
     analyse_latency_impact,
     check_report_target,
     publish_impact_summary,
@@ -19,6 +17,7 @@ from tasks.impact import (
     resolve_window,
     store_impact_report,
 )
+from tasks.impact_types import ImpactOptions, StoredImpactReport
 
 
 @flow(name="impact-report", log_prints=True)

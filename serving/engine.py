@@ -1,11 +1,8 @@
-"""Engines: pick the best engine a version ships for this host, fetch it verified, warm it, run it.
+"""Engines: the ONNX Runtime engine, fetching an engine file verified, warming an engine up.
 
-Preference: a TensorRT plan built for this host's GPU when tensorrt and CUDA are present (plans
-are filed beside the version, not in its manifest: serving/tensorrt_engine.py, tried first by
-`load_model`); otherwise ONNX Runtime on the optimised fp32 graph (`ort-fp32`, the CUDA
-provider first when ONNX Runtime has it), then `ort-int8`. Every engine file comes from the
-content-addressed store and is hashed again when reused from the local cache, so a worker never
-runs bytes the manifest did not name.
+Every engine file comes from the content-addressed store and is hashed again when reused from
+the local cache, so a worker never runs bytes the manifest did not name. Which engine a host
+runs is decided in serving/loading.py; the TensorRT plan engine is serving/tensorrt_engine.py.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ from serving.schema import RAW_INDEX, RAW_ORDER, model_input
 
 log = logging.getLogger("serving.engine")
 
-ORT_PREFERENCE = ("ort-fp32", "ort-int8")
 WARMUP_ROWS = (1, 20, 256)
 
 
@@ -41,34 +37,6 @@ class Engine(Protocol):
     def run(self, x: np.ndarray) -> np.ndarray: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class HostCapabilities:
-    """What ONNX Runtime can use on this host."""
-
-    ort_providers: tuple[str, ...]
-
-    @property
-    def ort_cuda(self) -> bool:
-        return "CUDAExecutionProvider" in self.ort_providers
-
-
-def detect_capabilities() -> HostCapabilities:
-    return HostCapabilities(tuple(ort.get_available_providers()))
-
-
-def choose_engine(manifest: VersionManifest, host: HostCapabilities) -> EngineRecord:
-    """The ONNX Runtime engine this host should run. Raises ServingError if there is none."""
-    by_name = {e.name: e for e in manifest.engines}
-    for name in ORT_PREFERENCE:
-        if name in by_name:
-            return by_name[name]
-    raise ServingError(
-        f"version {manifest.version} has no engine this host can run: it ships "
-        f"{[e.name for e in manifest.engines] or 'none'}, this host runs "
-        f"{', '.join(ORT_PREFERENCE)} ({', '.join(host.ort_providers)})"
-    )
 
 
 def ort_session_options(threads: int) -> ort.SessionOptions:
@@ -147,32 +115,6 @@ def fetch_engine_file(store: ModelStore, record: EngineRecord, cache_dir: Path) 
         log.warning("cached engine %s is corrupt (sha256 %s); fetching it again", dest, digest)
         dest.unlink()
     return store.fetch_blob(record.blob, dest)
-
-
-def load_model(
-    store: ModelStore,
-    manifest: VersionManifest,
-    ref: str,
-    cache_dir: Path,
-    *,
-    threads: int,
-    max_batch_rows: int,
-) -> LoadedModel:
-    """Load the version's best engine for this host and warm it. Raises ServingError/StoreError."""
-    # TensorRT hook: a plan built for this host's GPU, filed beside the version after it was
-    # published, wins when there is one (serving/tensorrt_engine.py; None on hosts without
-    # tensorrt + CUDA, without a plan, or when the plan fails to load: then ONNX Runtime below).
-    from serving.tensorrt_engine import load_local_plan  # here: that module imports this one
-
-    planned = load_local_plan(store, manifest, ref, cache_dir, max_batch_rows=max_batch_rows)
-    if planned is not None:
-        return planned
-    host = detect_capabilities()
-    record = choose_engine(manifest, host)
-    path = fetch_engine_file(store, record, cache_dir)
-    providers = ["CUDAExecutionProvider"] if host.ort_cuda else []
-    engine: Engine = OrtEngine(record.name, path, threads, [*providers, "CPUExecutionProvider"])
-    return warmed(engine, manifest, record, ref, max_batch_rows)
 
 
 def warmed(

@@ -1,11 +1,12 @@
 """TensorRT plans in the serving worker: find the plan built for this host's GPU, run it.
 
 Plans are built per GPU model after a version is published and filed beside the version
-(model_store/plans.py), not in its manifest. `load_local_plan` is the worker's hook: it returns
-a warmed `LoadedModel` on the plan when tensorrt imports, a CUDA device is present and an
-accepted plan for exactly this GPU and TensorRT version exists; otherwise None, and the worker
-loads the version's ONNX Runtime engine as before. A plan that fails to load or warm up also
-falls back to ONNX Runtime (logged): the plan is an optimisation, the ONNX engine is the release.
+(model_store/plans.py), not in its manifest. `load_local_plan` is the hook that
+`serving.loading.load_model` tries first: it returns a warmed `LoadedModel` on the plan when
+tensorrt imports, a CUDA device is present and an accepted plan for exactly this GPU and
+TensorRT version exists; otherwise None, and the version's ONNX Runtime engine is loaded. A
+plan that fails to load or warm up also falls back to ONNX Runtime (logged): the plan is an
+optimisation, the ONNX engine is the release.
 
 `TensorRtPlanEngine` has the interface of `serving.engine.OrtEngine` (name, run, close); the
 release's parity check (tasks/tensorrt.py) scores through it too, so what was checked is what serves.

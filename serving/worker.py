@@ -24,7 +24,8 @@ from model_store import ModelStore
 from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
-from serving.engine import LoadedModel, load_model
+from serving.engine import LoadedModel
+from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot
 from serving.schema import PredictRequest, RequestRejected

@@ -26,18 +26,14 @@ from logstore.events import EVENT_COLUMNS
 from logstore.schema import MIGRATIONS
 from model_store.hashing import sha256_file, sha256_files
 from relay.features import pipeline_source
-from relay.types import LINEAGE_PARTS, LineageId
+from relay.types import LineageId
 from tasks.compilation import CompiledEngine
 
-ENV_PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "pandas", "tensorrt")
+# Comparing two ids is a read-only question (the `relay lineage` commands ask it without Prefect
+# or torch), so it is answered in tasks.lineage_queries; re-exported for this module's callers.
+from tasks.lineage_queries import ATTRIBUTION, LineageDiff, diff_lineage
 
-# Which change each part points at, when it alone differs between two versions.
-ATTRIBUTION = {
-    "model": "the model itself (weights, architecture or training settings)",
-    "data": "the feature pipeline or the data window",
-    "env": "a dependency or driver change",
-    "build": "the compiler or engine settings",
-}
+ENV_PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "pandas", "tensorrt")
 
 
 def _json_digest(value: Any) -> str:
@@ -100,23 +96,6 @@ def build_hash(engine_digests: dict[str, str], options: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class LineageDiff:
-    """Which parts changed between two versions, and what each change points at."""
-
-    changed: list[str]
-
-    def explain(self) -> list[str]:
-        if not self.changed:
-            return ["identical lineage: the same model, data, environment and build"]
-        return [f"{part} changed -> {ATTRIBUTION[part]}" for part in self.changed]
-
-
-def diff_lineage(a: LineageId, b: LineageId) -> LineageDiff:
-    """The parts that differ between two lineage ids, in the id's order."""
-    return LineageDiff(changed=[p for p in LINEAGE_PARTS if p in a.differing_parts(b)])
-
-
-@dataclass(frozen=True)
 class LineageRecord:
     """The id and where each part came from (kept in the manifest)."""
 
@@ -165,4 +144,11 @@ def compute_lineage(
     return compute_lineage_record(model_path, frame, engines, window)
 
 
-__all__ = ["sha256_file", "LineageRecord", "compute_lineage", "diff_lineage"]
+__all__ = [
+    "ATTRIBUTION",
+    "LineageDiff",
+    "LineageRecord",
+    "compute_lineage",
+    "diff_lineage",
+    "sha256_file",
+]

@@ -1,19 +1,45 @@
 """Questions an engineer asks of lineage: what is this version made of, and what changed?
 
 The pure core reads manifests; `show_lineage` and `diff_versions` fetch them from a store by
-version or alias. Attribution texts come from tasks.lineage, the one place they are written.
+version or alias. The attribution texts are written here, once. This module imports only the
+store and the domain types: the `relay lineage` commands start without Prefect or torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
 from model_store import ModelStore
-from relay.types import LINEAGE_PARTS, VersionManifest
-from tasks.lineage import ATTRIBUTION, diff_lineage
+from relay.types import LINEAGE_PARTS, LineageId, VersionManifest
+
+# Which change each part points at, when it alone differs between two versions.
+ATTRIBUTION = {
+    "model": "the model itself (weights, architecture or training settings)",
+    "data": "the feature pipeline or the data window",
+    "env": "a dependency or driver change",
+    "build": "the compiler or engine settings",
+}
+
+
+@dataclass(frozen=True)
+class LineageDiff:
+    """Which parts changed between two versions, and what each change points at."""
+
+    changed: list[str]
+
+    def explain(self) -> list[str]:
+        if not self.changed:
+            return ["identical lineage: the same model, data, environment and build"]
+        return [f"{part} changed -> {ATTRIBUTION[part]}" for part in self.changed]
+
+
+def diff_lineage(a: LineageId, b: LineageId) -> LineageDiff:
+    """The parts that differ between two lineage ids, in the id's order."""
+    return LineageDiff(changed=[p for p in LINEAGE_PARTS if p in a.differing_parts(b)])
 
 
 class LineagePart(BaseModel):

@@ -68,40 +68,6 @@ def build_manifest(
     )
 
 
-def train_and_publish(
-    store: ModelStore, frame: Any, config: Any, workdir: Path, window: str
-) -> tuple[VersionManifest, TrainedModel]:
-    """Train, export, compile (fp32 + int8) and publish a version without Prefect or MLflow.
-
-    For tests and benchmarks that need a real version in a store; releases use the flow.
-    """
-    import torch
-
-    from tasks.compilation import optimise_fp32, quantise_int8
-    from tasks.export import export_model
-    from tasks.lineage import compute_lineage_record
-    from tasks.training import train_model
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    trained = train_model(frame, config)
-    torch.save(trained.model.state_dict(), workdir / "weights.pt")
-    model_path = export_model(trained.model, workdir / "model.onnx")
-    engines = [
-        optimise_fp32(model_path, workdir / "ort-fp32.onnx"),
-        quantise_int8(model_path, workdir / "ort-int8.onnx"),
-    ]
-    record = compute_lineage_record(model_path, frame, engines, window)
-    manifest = build_manifest(
-        trained,
-        CompileOutcome(engines=engines, parity=[]),
-        record,
-        store,
-        model_path,
-        workdir / "weights.pt",
-    )
-    return store.publish(manifest), trained
-
-
 def log_mlflow_run(settings: Settings, manifest: VersionManifest) -> str:
     """The MLflow run for this lineage (params, metrics, lineage tags), created once."""
     client = mlflow_client(settings)

@@ -383,6 +383,23 @@ class PlanRun:
     final: bool
 
 
+@dataclass(frozen=True)
+class GpuQueue:
+    """One work queue of the gpu pool: prefect.yaml gives the pool one per GPU model."""
+
+    name: str
+    status: str  # Prefect's WorkQueueStatus: READY (a worker polled it lately), NOT_READY, PAUSED
+
+
+def queues_to_ask(queues: list[GpuQueue]) -> list[str]:
+    """The queues a plan build would be picked up from now: those a worker polls, not paused.
+
+    A queue nobody polls (often `default`, once each GPU model has its own) would leave its run
+    scheduled and the release waiting `tensorrt_wait_s` for a plan no host can build.
+    """
+    return sorted(q.name for q in queues if q.status == "READY")
+
+
 def plan_request_outcome(runs: list[PlanRun], records: list[PlanRecord]) -> PlanRequest:
     """Read the gpu pool's answer: plans filed, all rejected, none (no CUDA there), or not yet."""
     ids = [r.flow_run_id for r in runs]
@@ -431,18 +448,26 @@ def _online_workers(pool: str) -> int | None:
     return sum(1 for w in workers if w.status == WorkerStatus.ONLINE)
 
 
-@task(name="request-tensorrt-plan", cache_policy=NO_CACHE)
-def request_tensorrt_plan(
-    settings: Settings,
-    version: str,
-    wait_s: float = 900.0,
-    gpu_queues: tuple[str, ...] = ("default",),
-) -> PlanRequest:
-    """Have the gpu pool build the version's plans (one run per queue, i.e. per GPU model) and
-    wait up to wait_s for them; never fails the release.
+def _pool_queues(pool: str) -> list[GpuQueue]:
+    """Every work queue of the pool with its status."""
+    from prefect.client.orchestration import get_client
 
-    No gpu pool, no online worker in it, or no `compile-tensorrt` deployment is `skipped`, at
-    once: the release then serves ONNX Runtime everywhere, as on hosts without CUDA.
+    with get_client(sync_client=True) as client:
+        queues = client.read_work_queues(work_pool_name=pool)
+    return [
+        GpuQueue(q.name, q.status.value if q.status else ("PAUSED" if q.is_paused else "NOT_READY"))
+        for q in queues
+    ]
+
+
+@task(name="request-tensorrt-plan", cache_policy=NO_CACHE)
+def request_tensorrt_plan(settings: Settings, version: str, wait_s: float = 900.0) -> PlanRequest:
+    """Have the gpu pool build the version's plans (one run per polled queue, i.e. per GPU model)
+    and wait up to wait_s for them; never fails the release.
+
+    No gpu pool, no online worker in it, no queue a worker polls, or no `compile-tensorrt`
+    deployment is `skipped`, at once: the release then serves ONNX Runtime everywhere, as on
+    hosts without CUDA.
     """
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
@@ -453,6 +478,12 @@ def request_tensorrt_plan(
         if not online:
             why = "does not exist" if online is None else "has no online worker"
             return PlanRequest(status="skipped", reason=f"skipped: work pool {GPU_POOL!r} {why}")
+        gpu_queues = queues_to_ask(_pool_queues(GPU_POOL))
+        if not gpu_queues:
+            return PlanRequest(
+                status="skipped",
+                reason=f"skipped: no work queue of pool {GPU_POOL!r} is polled by a worker",
+            )
         # Start every queue's build first, then wait: the GPU models build side by side.
         started = [
             run_deployment(

@@ -69,8 +69,8 @@ def published_version(tmp_path_factory: pytest.TempPathFactory) -> PublishedVers
     """Train on 30k simulated events (no ClickHouse, no Prefect) and publish to a local store."""
     from model_store import ModelStore
     from model_store.local import LocalBackend
+    from relay_testing.versions import train_and_publish
     from simulation.shop import ShopConfig, generate_events
-    from tasks.registry import train_and_publish
     from tasks.training import TrainConfig
 
     root = tmp_path_factory.mktemp("published")

@@ -18,9 +18,9 @@ from model_store import open_store
 from model_store.plans import list_plan_records
 from relay.errors import VersionNotFound
 from relay.gpu import NO_CUDA
+from relay_testing.versions import train_and_publish
 from simulation.shop import ShopConfig, generate_events
 from tasks.calibration import CALIBRATION_POINTER
-from tasks.registry import train_and_publish
 from tasks.training import TrainConfig
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")

@@ -166,7 +166,7 @@ class DeployedStack:
         (it opens the stack's chdb; this process never does). None/None: `relay seed` itself,
         ending now with the default shop. Wait for it with `finish()`."""
         if end is None and shop is None:
-            args = ["-m", "flows.cli", "seed", "--events", str(n_events)]
+            args = ["-m", "relay_cli", "seed", "--events", str(n_events)]
         else:
             end = end or datetime.now(UTC)
             args = [

@@ -32,14 +32,11 @@ from simulation.sessions import (
     seed_traffic,
     simulate_traffic,
 )
-from tasks.impact import (
-    ImpactFinding,
-    ImpactOptions,
-    ImpactReport,
-    ImpactWindow,
-    query_impact_sessions,
-)
-from tasks.impact import analyse_impact as analyse
+from tasks.impact import query_impact_sessions
+from tasks.impact_analysis import analyse_impact as analyse
+from tasks.impact_types import ImpactFinding, ImpactOptions, ImpactReport, ImpactWindow
+
+NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 
 HOUR = timedelta(hours=1)
 OPTIONS = ImpactOptions(min_sessions=300, refutation_simulations=3, min_sessions_per_slot=50)
@@ -64,7 +61,7 @@ def client(settings):
 
 def run_report(settings, w: ImpactWindow, versions: list[str]) -> ImpactReport:
     data = query_impact_sessions.fn(settings, w, versions, HOUR)
-    return analyse(data, OPTIONS)
+    return analyse(data, OPTIONS, now=NOW)
 
 
 # -- the join --------------------------------------------------------------------------------

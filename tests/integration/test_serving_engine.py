@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from relay.errors import IntegrityError, ServingError
-from serving.engine import fetch_engine_file, load_model
+from serving.engine import fetch_engine_file
+from serving.loading import load_model
 
 
 def test_loaded_engine_scores_like_the_compile_steps_reference(

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
 from model_store import ModelStore, open_store
 from model_store.local import LocalBackend
 from relay.settings import Settings, get_settings
 from relay.types import LINEAGE_PARTS
-from tasks.lineage import ATTRIBUTION
+from relay_cli.main import main
+from tasks.lineage_queries import ATTRIBUTION
 from tests.integration.store_testbed import fresh_bucket, lineage_for, publishable, s3_settings
 
 pytest_plugins = ("tests.integration.store_fixtures",)

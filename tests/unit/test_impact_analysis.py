@@ -10,24 +10,27 @@ import pytest
 
 from logstore.impact import JoinCoverage, empty_session_outcomes
 from simulation.sessions import TrafficConfig, simulate_traffic
-from tasks.impact import (
+from tasks.impact import resolve_window
+from tasks.impact_analysis import analyse_impact, decide_finding
+from tasks.impact_estimation import (
+    bin_by_latency,
+    compare_slots,
+    correlate,
+    fit_ols,
+    histogram_bin_ms,
+    prepare_sessions,
+    translate_to_business,
+)
+from tasks.impact_types import (
     EffectEstimate,
     ImpactData,
     ImpactFinding,
     ImpactOptions,
     ImpactWindow,
     Refutation,
-    analyse_impact,
-    bin_by_latency,
-    compare_slots,
-    correlate,
-    decide_finding,
-    fit_ols,
-    histogram_bin_ms,
-    prepare_sessions,
-    resolve_window,
-    translate_to_business,
 )
+
+NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 
 START = datetime(2030, 4, 1, tzinfo=UTC)
 END = START + timedelta(hours=12)
@@ -246,7 +249,7 @@ def test_finding_prefers_caution():
 
 def test_empty_window_reports_no_data_and_why():
     coverage = JoinCoverage(0, 0, 0, 0, 0, 0)
-    report = analyse_impact(data_for(empty_session_outcomes(), coverage), ImpactOptions())
+    report = analyse_impact(data_for(empty_session_outcomes(), coverage), ImpactOptions(), now=NOW)
     assert report.finding is ImpactFinding.no_data
     assert "no sessions and no requests" in report.headline
     assert report.estimates == [] and report.translation is None
@@ -254,7 +257,7 @@ def test_empty_window_reports_no_data_and_why():
 
 def test_requests_without_sessions_explain_an_empty_join():
     coverage = JoinCoverage(0, 0, 0, 1_200, 1_200, 60)
-    report = analyse_impact(data_for(empty_session_outcomes(), coverage), ImpactOptions())
+    report = analyse_impact(data_for(empty_session_outcomes(), coverage), ImpactOptions(), now=NOW)
     assert report.finding is ImpactFinding.no_data
     assert "1,200 requests have no session" in report.headline
     assert any("(60 session ids) have no user_sessions row" in c for c in report.caveats)
@@ -262,7 +265,7 @@ def test_requests_without_sessions_explain_an_empty_join():
 
 def test_too_few_sessions_is_insufficient_data_but_still_descriptive():
     frame = session_frame(TrafficConfig(n_sessions=120, seed=8))
-    report = analyse_impact(data_for(frame), ImpactOptions(min_sessions=500))
+    report = analyse_impact(data_for(frame), ImpactOptions(min_sessions=500), now=NOW)
     assert report.finding is ImpactFinding.insufficient_data
     assert "only 120 usable sessions" in report.headline and "at least 500" in report.headline
     assert report.estimates == [] and len(report.correlations) == 2 and report.gmv_by_latency
@@ -271,6 +274,6 @@ def test_too_few_sessions_is_insufficient_data_but_still_descriptive():
 def test_constant_latency_cannot_be_analysed():
     frame = session_frame(TrafficConfig(n_sessions=600, seed=9))
     frame["latency_mean_ms"] = 120.0
-    report = analyse_impact(data_for(frame), ImpactOptions(min_sessions=100))
+    report = analyse_impact(data_for(frame), ImpactOptions(min_sessions=100), now=NOW)
     assert report.finding is ImpactFinding.insufficient_data
     assert "same latency" in report.headline

@@ -19,16 +19,13 @@ from model_store.local import LocalBackend
 from relay.errors import VersionNotFound
 from relay.types import LineageId, VersionManifest
 from simulation.sessions import TrafficConfig
-from tasks.impact import (
-    ImpactFinding,
-    ImpactOptions,
-    ImpactReport,
-    analyse_impact,
-    list_impact_reports,
-    store_report_files,
-)
+from tasks.impact_analysis import analyse_impact
 from tasks.impact_report import build_figures, render_html, render_json, render_markdown
+from tasks.impact_storage import list_impact_reports, store_report_files
+from tasks.impact_types import ImpactFinding, ImpactOptions, ImpactReport
 from tests.unit.test_impact_analysis import data_for, session_frame
+
+NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 
 SMALL = ImpactOptions(min_sessions=100, refutation_simulations=2, min_sessions_per_slot=30)
 
@@ -58,12 +55,14 @@ def report() -> ImpactReport:
     data = replace(
         data, latency_profile=profile, latency_histogram=histogram, histogram_bin_ms=50.0
     )
-    return analyse_impact(data, SMALL)
+    return analyse_impact(data, SMALL, now=NOW)
 
 
 @pytest.fixture(scope="module")
 def empty_report() -> ImpactReport:
-    return analyse_impact(data_for(empty_session_outcomes(), JoinCoverage(0, 0, 0, 0, 0, 0)), SMALL)
+    return analyse_impact(
+        data_for(empty_session_outcomes(), JoinCoverage(0, 0, 0, 0, 0, 0)), SMALL, now=NOW
+    )
 
 
 def test_html_is_self_contained_with_one_png_per_figure(report, rendered):

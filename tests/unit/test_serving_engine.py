@@ -9,12 +9,8 @@ import pytest
 
 from relay.errors import ServingError
 from relay.types import BlobRef, EngineRecord, LineageId, VersionManifest
-from serving.engine import (
-    HostCapabilities,
-    choose_engine,
-    ort_session_options,
-    warm_up,
-)
+from serving.engine import ort_session_options, warm_up
+from serving.loading import HostCapabilities, choose_engine
 
 CPU = HostCapabilities(("CPUExecutionProvider",))
 

@@ -462,6 +462,67 @@ def test_release_without_gpu_workers_skips_the_plan_at_once(monkeypatch, online,
     assert request.status == "skipped" and why in request.reason
 
 
+def test_plan_builds_go_to_every_queue_a_worker_polls_not_only_default():
+    queues = [
+        trt_tasks.GpuQueue("default", "NOT_READY"),  # nobody polls it once each GPU has its own
+        trt_tasks.GpuQueue("l4", "READY"),
+        trt_tasks.GpuQueue("h200", "READY"),
+        trt_tasks.GpuQueue("a100", "PAUSED"),
+    ]
+    assert trt_tasks.queues_to_ask(queues) == ["h200", "l4"]
+    assert trt_tasks.queues_to_ask([trt_tasks.GpuQueue("default", "READY")]) == ["default"]
+
+
+def test_release_asks_each_gpu_models_queue_for_its_plan(monkeypatch, tmp_path):
+    import prefect.deployments
+
+    store = ModelStore(LocalBackend(tmp_path / "store"))
+    _publish(store, tmp_path)
+    for gpu in (H200, L4):  # what each queue's worker files
+        build = _built(tmp_path, gpu)
+        save_plan_record(store, plan_record("v1", build, store.put_blob(build.engine.path)))
+    queues = [
+        trt_tasks.GpuQueue("default", "NOT_READY"),
+        trt_tasks.GpuQueue("h200", "READY"),
+        trt_tasks.GpuQueue("l4", "READY"),
+    ]
+    started: list[dict[str, Any]] = []
+
+    def run_deployment(name: str, **kwargs: Any) -> SimpleNamespace:
+        started.append({"name": name, **kwargs})
+        return SimpleNamespace(id=f"run-{kwargs['work_queue_name']}")
+
+    monkeypatch.setattr(trt_tasks, "_online_workers", lambda pool: 2)
+    monkeypatch.setattr(trt_tasks, "_pool_queues", lambda pool: queues)
+    monkeypatch.setattr(prefect.deployments, "run_deployment", run_deployment)
+    monkeypatch.setattr(
+        trt_tasks,
+        "_wait_for_runs",
+        lambda ids, wait_s: [PlanRun(i, "COMPLETED", True) for i in ids],
+    )
+    monkeypatch.setattr(trt_tasks, "open_store", lambda settings: store)
+
+    request = trt_tasks.request_tensorrt_plan.fn(None, "v1", wait_s=60)
+    assert [s["work_queue_name"] for s in started] == ["h200", "l4"]
+    assert {s["name"] for s in started} == {trt_tasks.PLAN_DEPLOYMENT}
+    assert [s["idempotency_key"] for s in started] == [
+        "tensorrt-plan-v1-h200",
+        "tensorrt-plan-v1-l4",
+    ]
+    assert request.status == "built" and request.flow_run_ids == ["run-h200", "run-l4"]
+    assert request.plans == sorted([H200.key, L4.key])
+
+
+def test_a_gpu_pool_whose_queues_nobody_polls_skips_the_plan_at_once(monkeypatch):
+    monkeypatch.setattr(trt_tasks, "_online_workers", lambda pool: 1)
+    monkeypatch.setattr(
+        trt_tasks, "_pool_queues", lambda pool: [trt_tasks.GpuQueue("default", "NOT_READY")]
+    )
+    monkeypatch.setattr(trt_tasks, "_wait_for_runs", lambda *a: pytest.fail("waited"))
+    request = trt_tasks.request_tensorrt_plan.fn(None, "v1", wait_s=600)
+    assert request.status == "skipped" and "no work queue" in request.reason
+
+
 def test_plan_flow_rejects_a_disordered_profile_before_any_work():
     flow = load_flow_from_entrypoint(str(ROOT / "flows/tensorrt.py:compile_tensorrt_plan"))
     with pytest.raises(ParameterTypeError, match="min_batch <= opt_batch"):

@@ -1,0 +1,177 @@
+"""Every benchmark still runs: each `python -m bench.X` at a tiny size, its JSON in a temp dir.
+
+Benchmarks are not tests, so nothing else would notice one rotting (bench.release did, when the
+release grew a canary stage). The figures at these sizes mean nothing; what is checked is that
+each module runs to the end, writes its JSON where it is told, and leaves bench/results alone.
+The modules run side by side (most of their time is process start-up, servers and sleeps), so
+the whole module takes about as long as the slowest, bench.release (~1.5 min on 2 busy cores).
+bench.gate has its own test (tests/integration/test_bench_gate.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"
+COVERED_ELSEWHERE = {"gate"}
+TIMEOUT_S = 420
+
+# Tiny sizes; each run also gets `--out` into its own temp dir.
+COMMANDS: dict[str, str] = {
+    "release": "--events 12000 --epochs 1 --hash-mb 16",
+    "store": "--size-mb 8 --rounds 1",
+    "serving": "--train-events 4000 --seconds 1 --rounds 1 --warmup 1 --connections 4 "
+    "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
+    "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5",
+    "rollback": "--cycles 1 --rps 20 --events 4000",
+    "impact": "--rows 20000",
+    "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
+}
+
+
+@dataclass
+class BenchRun:
+    process: subprocess.Popen[bytes]
+    out: Path
+    log: Path
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for the run; its JSON, or a failure carrying the end of its log."""
+        try:
+            code = self.process.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running after {TIMEOUT_S} s:\n{self.tail()}")
+        assert code == 0, f"exit code {code}:\n{self.tail()}"
+        assert self.out.is_file(), f"no JSON at {self.out}:\n{self.tail()}"
+        return json.loads(self.out.read_text())
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+def _env(home: Path) -> dict[str, str]:
+    """The test's environment without Relay or Prefect connections: a private home for each."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "PREFECT_"))}
+    env.update(
+        RELAY_HOME=str(home / "relay"),
+        PREFECT_HOME=str(home / "prefect"),  # no PREFECT_API_URL: bench.release starts its own
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def _digests() -> dict[str, str]:
+    return {
+        f"{name}.json": hashlib.sha256(path.read_bytes()).hexdigest()
+        for name in COMMANDS
+        if (path := RESULTS / f"{name}.json").is_file()
+    }
+
+
+@dataclass
+class Smoke:
+    runs: dict[str, BenchRun]
+    results_before: dict[str, str]  # bench/results/<name>.json digests before any run
+
+    def __getitem__(self, name: str) -> BenchRun:
+        return self.runs[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Smoke]:
+    """Every benchmark started at once, each in its own process group and home."""
+    before = _digests()
+    started: dict[str, BenchRun] = {}
+    try:
+        for name, flags in COMMANDS.items():
+            home = tmp_path_factory.mktemp(f"bench-{name}")
+            out, log = home / f"{name}.json", home / "log.txt"
+            with log.open("wb") as sink:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", f"bench.{name}", *shlex.split(flags), "--out", str(out)],
+                    cwd=ROOT,
+                    env=_env(home),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its servers and workers go with it on teardown
+                )
+            started[name] = BenchRun(process, out, log)
+        yield Smoke(started, before)
+    finally:
+        for run in started.values():
+            if run.process.poll() is None:
+                os.killpg(run.process.pid, signal.SIGKILL)
+                run.process.wait()
+
+
+def test_every_bench_module_is_smoke_tested():
+    modules = {p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__"}
+    assert modules - COVERED_ELSEWHERE == set(COMMANDS)
+
+
+def test_bench_release_runs_the_flow_without_a_fleet(runs):
+    figures = runs["release"].finish()
+    # 12,000 events seldom make a model the blessing accepts; either way the flow ran to the end.
+    assert figures["deploy"] is False
+    assert figures["outcome"] in {"blessed", "not_deployed"}
+    assert {"train-ctr-model", "register-candidate", "assess-calibration"} <= set(
+        figures["stage_s"]
+    )
+    assert figures["hash_gb_s"] > 0 and figures["openssl_sha256_gb_s"] > 0
+
+
+def test_bench_store_runs_against_an_s3_server(runs):
+    figures = runs["store"].finish()
+    assert figures["artifact_mb"] == 8
+    assert min(figures[f"{k}_mb_s"] for k in ("store_put", "raw_put", "store_get", "raw_get")) > 0
+
+
+def test_bench_serving_measures_every_scenario(runs):
+    figures = runs["serving"].finish()
+    for scenario in ("echo", "worker", "worker_binary", "worker_nolog", "naive"):
+        assert figures[f"{scenario}_rps"] > 0, scenario
+    assert figures["raw_rps"] > 0 and figures["slo_sweep"]
+    assert {t["name"] for t in figures["targets"]} >= {"worker_rps / echo_rps"}
+
+
+def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):
+    figures = runs["rollback"].finish()
+    assert figures["cycles"] == 1 and figures["rollback_ms_p50"] > 0
+    assert figures["requests_total"] > 0 and figures["requests_failed_during_rollback"] == 0
+
+
+def test_bench_impact_builds_the_report(runs):
+    figures = runs["impact"].finish()
+    assert figures["rows"] > 10_000 and figures["sessions"] > 0 and figures["total_s"] > 0
+
+
+def test_bench_gpu_check_runs_here_and_says_what_it_did_with_tensorrt(runs):
+    figures = runs["gpu_check"].finish()
+    assert figures["latency"]["ort-fp32"]["16"]["p50_ms"] > 0
+    if figures["host"]["gpu"] is None:  # no CUDA or no tensorrt here: skipped, and why
+        assert figures["tensorrt"]["status"] == "skipped"
+        assert figures["tensorrt"]["reason"].startswith("skipped: ")
+        assert set(figures["latency"]) == {"ort-fp32"}
+    else:
+        assert figures["tensorrt"]["status"] in {"built", "rejected"}
+
+
+def test_smoke_runs_leave_bench_results_alone(runs):
+    for run in runs.runs.values():
+        run.finish()
+    assert _digests() == runs.results_before
