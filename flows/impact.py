@@ -19,6 +19,8 @@ from tasks.impact import (
 )
 from tasks.impact_types import ImpactOptions, StoredImpactReport
 
+OPTIONS = ImpactOptions()  # the analysis' defaults live in its own type; the signature reads them
+
 
 @flow(name="impact-report", log_prints=True)
 def impact_report(
@@ -27,11 +29,11 @@ def impact_report(
     last_hours: Annotated[float, Field(gt=0, le=24 * 90)] = 24.0,
     model_versions: list[str] | None = None,
     attach_to: str | None = None,
-    min_sessions: Annotated[int, Field(ge=10)] = 500,
-    min_sessions_per_slot: Annotated[int, Field(ge=2)] = 100,
-    refutation_simulations: Annotated[int, Field(ge=2, le=200)] = 10,
-    max_refutation_sessions: Annotated[int, Field(ge=100)] = 50_000,
-    seed: int = 0,
+    min_sessions: Annotated[int, Field(ge=10)] = OPTIONS.min_sessions,
+    min_sessions_per_slot: Annotated[int, Field(ge=2)] = OPTIONS.min_sessions_per_slot,
+    refutation_simulations: Annotated[int, Field(ge=2, le=200)] = OPTIONS.refutation_simulations,
+    max_refutation_sessions: Annotated[int, Field(ge=100)] = OPTIONS.max_refutation_sessions,
+    seed: int = OPTIONS.seed,
 ) -> StoredImpactReport:
     """Query the window's sessions, estimate latency's effect on GMV, store and summarise it.
 

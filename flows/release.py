@@ -46,6 +46,7 @@ from tasks.canary_plan import plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
+from tasks.impact_types import ImpactOptions
 from tasks.lineage import compute_lineage
 from tasks.registry import register_candidate
 from tasks.rollback import record_rollback
@@ -57,20 +58,24 @@ from tasks.workdir import run_workdir
 # A step's canary share; the baseline takes as many users again, so at most half.
 CanaryPercent = Annotated[int, Field(ge=1, le=50)]
 RULES = CanaryRules()  # the gate's defaults live in its own type; the signature reads them
+DATA = DataLimits()  # likewise the data limits, the training knobs, the blessing, the report
+TRAINING = TrainConfig()
+BLESSING = CalibrationThresholds()
+IMPACT = ImpactOptions()
 
 
 @flow(name="retrain-and-release", log_prints=True)
 def retrain_and_release(
     window_days: Annotated[float, Field(gt=0, le=90)] = 7.0,
     window_end: datetime | None = None,
-    epochs: Annotated[int, Field(ge=1, le=50)] = 2,
-    batch_size: Annotated[int, Field(ge=32, le=65_536)] = 1024,
-    seed: int = 7,
-    min_rows: Annotated[int, Field(ge=1)] = 10_000,
+    epochs: Annotated[int, Field(ge=1, le=50)] = TRAINING.epochs,
+    batch_size: Annotated[int, Field(ge=32, le=65_536)] = TRAINING.batch_size,
+    seed: int = TRAINING.seed,
+    min_rows: Annotated[int, Field(ge=1)] = DATA.min_rows,
     actor: str = "schedule",
     deploy: bool = True,
-    max_kl: Annotated[float, Field(gt=0)] = 0.05,
-    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = 0.02,
+    max_kl: Annotated[float, Field(gt=0)] = BLESSING.max_kl,
+    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = BLESSING.max_auc_drop,
     canary_steps: Annotated[list[CanaryPercent], Field(min_length=1)] = [5, 25, 50],  # noqa: B006 - pydantic copies
     analysis_window_s: Annotated[float, Field(gt=0, le=3600)] = 20.0,
     max_windows_per_step: Annotated[int, Field(ge=1, le=100)] = RULES.max_windows,
@@ -86,7 +91,7 @@ def retrain_and_release(
     traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
     tensorrt_wait_s: Annotated[float, Field(ge=0, le=7200)] = 900.0,
     impact_report_after: bool = True,
-    impact_min_sessions: Annotated[int, Field(ge=10)] = 500,
+    impact_min_sessions: Annotated[int, Field(ge=10)] = IMPACT.min_sessions,
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
     settings = get_settings()

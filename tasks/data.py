@@ -58,7 +58,7 @@ class DataReport:
 
 @dataclass(frozen=True)
 class DataLimits:
-    """What a trainable window looks like."""
+    """What a trainable window looks like. The one home of these defaults (the flow reads them)."""
 
     min_rows: int = 10_000
     min_label_rate: float = 0.002

@@ -29,17 +29,20 @@ from relay.settings import Settings
 from relay.types import BlobRef, GateResult, Release, Verdict
 from tasks.calibration import CalibrationThresholds, assess_calibration, score_version
 from tasks.canary import CHAMPION, record
+from tasks.canary_analysis import CanaryRules
 from tasks.rollback import previous_version
 
 
 @dataclass(frozen=True)
 class GuardLimits:
-    """When the guard acts."""
+    """When the guard acts. The one home of the guard's defaults; the flow's signature reads them."""
 
-    max_p95_ms: float = 300.0
-    max_error_rate: float = 0.01
-    min_requests: int = 200
-    max_auc_drop: float = 0.02
+    # One product SLO: the champion is held live to the absolute SLO its canary was held to.
+    max_p95_ms: float = CanaryRules.max_p95_ms
+    max_error_rate: float = CanaryRules.max_error_rate
+    min_requests: int = 200  # served by the champion in the live window before any verdict
+    # The quality rule's AUC drop is the blessing's relative limit, re-checked on fresh events.
+    max_auc_drop: float = CalibrationThresholds.max_auc_drop
     min_traffic_share: float = 0.3
     min_labelled_events: int = 2_000
 

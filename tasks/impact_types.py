@@ -55,7 +55,7 @@ class ImpactWindow(BaseModel, frozen=True):
 
 
 class ImpactOptions(BaseModel, frozen=True):
-    """Run knobs of the analysis (flow parameters; defaults suit a day of traffic)."""
+    """Run knobs of the analysis, suited to a day of traffic. The one home of their defaults."""
 
     min_sessions: int = Field(default=500, ge=10)
     min_sessions_per_slot: int = Field(default=100, ge=2)

@@ -55,7 +55,7 @@ class CtrModel(nn.Module):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training knobs: every one is logged to MLflow as a param."""
+    """Training knobs, each logged to MLflow as a param. The one home of their defaults."""
 
     seed: int = 7
     epochs: int = 2
