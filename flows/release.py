@@ -39,6 +39,7 @@ from tasks.canary import (
     plan_decision_verdict,
     promote_canary,
     read_fleet_stable,
+    record_decision,
     set_canary_weight,
 )
 from tasks.canary_analysis import CanaryRules, analyse_canary_step
@@ -192,6 +193,7 @@ def retrain_and_release(
             )
         except FlowPauseTimeout:
             go = plan_decision_verdict(PlanDecision(), timed_out=True)
+        record_decision(settings, release, go, weight=0)
         if go.verdict is not Verdict.passed:
             return finish_release(
                 settings, summary, release, ReleaseOutcome.not_deployed, go.reason
@@ -199,6 +201,7 @@ def retrain_and_release(
 
     outcome = ReleaseOutcome.promoted
     reason = f"canary passed at {canary_steps[-1]}%: promoted to stable"
+    decided: list[str] = []  # steps a person passed: the outcome says so
     try:
         with transaction() as txn:
             txn.set("release", release)
@@ -220,10 +223,14 @@ def retrain_and_release(
                         gate = decision_verdict(decision, timed_out=False)
                     except FlowPauseTimeout:
                         gate = decision_verdict(CanaryDecision(), timed_out=True)
+                    record_decision(settings, release, gate, weight=weight)
+                    decided.append(f"at {weight}% {gate.reason}")
                 if gate.verdict is not Verdict.passed:
                     txn.set("verdict_at", time.time())  # the hook measures verdict -> weight 0
                     raise CanaryRejected(gate)
-            promote_canary(settings, release)
+            if decided:
+                reason = f"promoted to stable after the canary ({'; '.join(decided)})"
+            promote_canary(settings, release, reason)
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
         outcome, reason = ReleaseOutcome.rolled_back, rejected.gate.reason

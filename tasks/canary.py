@@ -263,8 +263,22 @@ def canary_period(settings: Settings, release: Release) -> tuple[datetime, datet
     return (start if start.tzinfo else start.replace(tzinfo=UTC)), end
 
 
+@task(name="record-decision", cache_policy=NO_CACHE)
+def record_decision(settings: Settings, release: Release, gate: GateResult, weight: int) -> None:
+    """A person's answer at a pause (the plan's, weight 0, or a step's), kept with the release."""
+    record(
+        settings,
+        release,
+        "decision",
+        gate.verdict.value,
+        gate.reason,
+        gate=gate.gate,
+        weight=weight,
+    )
+
+
 @task(name="promote-canary", cache_policy=NO_CACHE)
-def promote_canary(settings: Settings, release: Release) -> FleetResult:
+def promote_canary(settings: Settings, release: Release, reason: str) -> FleetResult:
     """Canary becomes stable on every worker; champion moves (with history); an event is emitted."""
     with FleetClient.from_settings(settings) as fleet:
         result = fleet.promote()
@@ -287,7 +301,7 @@ def promote_canary(settings: Settings, release: Release) -> FleetResult:
         CHAMPION,
         release.version,
         "retrain_and_release",
-        f"release {release.release_id} passed its canary",
+        f"release {release.release_id}: {reason}",
     )
     emit_event(
         event="relay.model.promoted",

@@ -312,6 +312,9 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
     assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
     events = kinds(summary)
     assert events["canary_plan"][0].verdict == "unreachable"
+    decisions = [(e.verdict, e.details["weight"]) for e in events["decision"]]
+    assert decisions == [("passed", 0), ("failed", 50)]  # both answers are kept with the release
+    assert "canary started by a person: try it" in events["decision"][0].reason
     assert "not within 1 windows" in events["canary_plan"][0].reason
     assert events["slo_window"][-1].verdict == Verdict.inconclusive
     assert (
