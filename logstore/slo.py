@@ -107,36 +107,36 @@ JOIN ({_CLUSTERS.format(key="toStartOfSecond(ts)")}) AS seconds USING (slot, mod
 _PAIRED_SECONDS_SQL = """
 SELECT
     count() AS seconds,
-    sum(c.log_sum * b.log_sum), sum(c.log_sum * b.answered),
-    sum(c.answered * b.log_sum), sum(c.answered * b.answered),
-    sum(c.errors * b.errors), sum(c.errors * b.requests),
-    sum(c.requests * b.errors), sum(c.requests * b.requests)
+    sum(c_s * b_s), sum(c_s * b_a), sum(c_a * b_s), sum(c_a * b_a),
+    sum(c_e * b_e), sum(c_e * b_r), sum(c_r * b_e), sum(c_r * b_r)
 FROM
 (
     SELECT
-        toStartOfSecond(ts) AS second,
-        toFloat64(countIf(status < 400)) AS answered,
-        toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
-        toFloat64(countIf(status >= 500)) AS errors,
-        sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum
-    FROM inference_logs
-    WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-      AND slot = 'canary' AND model_version = {canary:String}
+        second,
+        toFloat64(countIf(is_canary AND ok)) AS c_a,
+        toFloat64(countIf(NOT is_canary AND ok)) AS b_a,
+        toFloat64(countIf(is_canary AND (ok OR failed))) AS c_r,
+        toFloat64(countIf(NOT is_canary AND (ok OR failed))) AS b_r,
+        toFloat64(countIf(is_canary AND failed)) AS c_e,
+        toFloat64(countIf(NOT is_canary AND failed)) AS b_e,
+        sumIf(log_latency, is_canary AND ok) AS c_s,
+        sumIf(log_latency, NOT is_canary AND ok) AS b_s
+    FROM
+    (
+        SELECT
+            toStartOfSecond(ts) AS second,
+            slot = 'canary' AS is_canary,
+            status < 400 AS ok,
+            status >= 500 AS failed,
+            log(greatest(latency_ms, 0.001)) AS log_latency
+        FROM inference_logs
+        WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
+          AND ((slot = 'canary' AND model_version = {canary:String})
+               OR (slot = 'baseline' AND model_version = {baseline:String}))
+    )
     GROUP BY second
-) AS c
-INNER JOIN
-(
-    SELECT
-        toStartOfSecond(ts) AS second,
-        toFloat64(countIf(status < 400)) AS answered,
-        toFloat64(countIf(status < 400 OR status >= 500)) AS requests,
-        toFloat64(countIf(status >= 500)) AS errors,
-        sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum
-    FROM inference_logs
-    WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-      AND slot = 'baseline' AND model_version = {baseline:String}
-    GROUP BY second
-) AS b USING (second)
+    HAVING c_r > 0 AND b_r > 0
+)
 """
 
 # Per-user median latency, canary (sample 0) against baseline (sample 1): a rank test whose
@@ -392,6 +392,8 @@ def paired_seconds_of(
 
     c, b = per_second(canary), per_second(baseline)
     _, ci, bi = np.intersect1d(c["second"], b["second"], return_indices=True)
+    both = (c["r"][ci] > 0) & (b["r"][bi] > 0)  # as the query's HAVING: a model was reached
+    ci, bi = ci[both], bi[both]
     pick_c = {k: v[ci] for k, v in c.items()}
     pick_b = {k: v[bi] for k, v in b.items()}
 

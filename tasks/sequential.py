@@ -135,34 +135,36 @@ def latency_shift(c: CohortSums, b: CohortSums, paired: PairedSeconds | None) ->
     Canary and baseline serve at the same moments, so a load swing slows both: the covariance of
     their per-second sums is subtracted. Users are disjoint, so the per-user part has none.
     """
-    shift = difference(mean_log_latency(c), mean_log_latency(b))
-    if paired is None or not math.isfinite(shift.variance):
-        return shift
-    cov = _covariance_by_second(
-        paired.seconds,
-        c.log_sum / c.answered,
-        b.log_sum / b.answered,
-        c.answered,
-        b.answered,
-        (paired.sc_sb, paired.sc_ab, paired.ac_sb, paired.ac_ab),
-    )
-    return Estimate(shift.value, _reduced(shift.variance, cov, c, b, mean_log_latency))
+    cross = None if paired is None else (paired.sc_sb, paired.sc_ab, paired.ac_sb, paired.ac_ab)
+    return _paired_shift(c, b, paired, mean_log_latency, cross)
 
 
 def error_shift(c: CohortSums, b: CohortSums, paired: PairedSeconds | None) -> Estimate:
     """Δ 5xx rate, canary minus baseline, paired by second like `latency_shift`."""
-    shift = difference(error_rate(c), error_rate(b))
-    if paired is None or not math.isfinite(shift.variance):
+    cross = None if paired is None else (paired.ec_eb, paired.ec_rb, paired.rc_eb, paired.rc_rb)
+    return _paired_shift(c, b, paired, error_rate, cross)
+
+
+def _paired_shift(
+    c: CohortSums,
+    b: CohortSums,
+    paired: PairedSeconds | None,
+    one: Callable[[CohortSums], Estimate],
+    cross: tuple[float, float, float, float] | None,
+) -> Estimate:
+    shift = difference(one(c), one(b))
+    if paired is None or cross is None or not math.isfinite(shift.variance):
         return shift
-    cov = _covariance_by_second(
-        paired.seconds,
-        c.errors / c.requests,
-        b.errors / b.requests,
-        c.requests,
-        b.requests,
-        (paired.ec_eb, paired.ec_rb, paired.rc_eb, paired.rc_rb),
-    )
-    return Estimate(shift.value, _reduced(shift.variance, cov, c, b, error_rate))
+    (mean_c, total_c), (mean_b, total_b) = (_ratio_of(x, one) for x in (c, b))
+    cov = _covariance_by_second(paired.seconds, mean_c, mean_b, total_c, total_b, cross)
+    return Estimate(shift.value, _reduced(shift.variance, cov, c, b, one))
+
+
+def _ratio_of(c: CohortSums, one: Callable[[CohortSums], Estimate]) -> tuple[float, float]:
+    """The estimate's ratio and its denominator total: latency per answered, errors per request."""
+    if one is error_rate:
+        return c.errors / c.requests, c.requests
+    return c.log_sum / c.answered, c.answered
 
 
 def _reduced(
