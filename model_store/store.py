@@ -4,19 +4,33 @@ Layout (the same on every backend):
     blobs/sha256/<aa>/<digest>             write-once bytes, named by their sha256
     leases/sha256/<digest>                 "a writer is about to reference this blob" (for gc)
     versions/<version>/manifest.json       written last, create-if-absent
+    versions/<version>/attachments/<kind>/<name>.json
+                                           a record filed beside the version, create-if-absent
+    attachments/<kind>/<name>.json         a record filed beside the store (model_store.attachments)
     aliases/<alias>/<seq:08d>.json         one immutable object per move: the history
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from model_store.attachments import (
+    Attachment,
+    AttachmentExists,
+    attachment_key,
+    attachments_prefix,
+    describe_attachment,
+    is_attachment_key,
+)
 from model_store.backend import Backend, ObjectInfo
 from model_store.hashing import BackgroundDigest, sha256_file
 from relay.errors import BlobMissing, IntegrityError, StoreError, VersionExists, VersionNotFound
@@ -36,6 +50,11 @@ def lease_key(sha256: str) -> str:
 
 def manifest_key(version: str) -> str:
     return f"versions/{version}/manifest.json"
+
+
+def _is_manifest_key(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) == 3 and parts[0] == "versions" and parts[2] == "manifest.json"
 
 
 def _digest_of(key: str) -> str:
@@ -113,13 +132,34 @@ class ModelStore:
         concurrent gc that this blob is about to be referenced even when it was already stored.
         """
         digest, size = sha256_file(path)
-        key = blob_key(digest)
-        stored = self.backend.stat(key)
+        ref = BlobRef(sha256=digest, size=size)
+        stored = self.backend.stat(blob_key(digest))
         if stored is None or stored.size != size:  # a short object here is damage, not a copy
-            self.backend.put_file(key, path)
-            self._confirm_blob(BlobRef(sha256=digest, size=size), f"uploading {path.name}")
-        self.backend.put_bytes(lease_key(digest), datetime.now(UTC).isoformat().encode())
-        return BlobRef(sha256=digest, size=size)
+            self.backend.put_file(blob_key(digest), path)
+            self._confirm_blob(ref, f"uploading {path.name}")
+        self._lease(ref)
+        return ref
+
+    def _put_small_blob(self, data: bytes, doing: str) -> BlobRef:
+        """put_blob for bytes already in memory (records, not engines)."""
+        ref = BlobRef(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        stored = self.backend.stat(blob_key(ref.sha256))
+        if stored is None or stored.size != ref.size:
+            self.backend.put_bytes(blob_key(ref.sha256), data)
+            self._confirm_blob(ref, doing)
+        self._lease(ref)
+        return ref
+
+    def _lease(self, ref: BlobRef) -> None:
+        self.backend.put_bytes(lease_key(ref.sha256), datetime.now(UTC).isoformat().encode())
+
+    def locate_blob(self, ref: BlobRef) -> str:
+        """The full address of a blob, for messages and links (never credentials)."""
+        return self.backend.locate(blob_key(ref.sha256))
+
+    def describe(self) -> str:
+        """Where the store lives, for messages (never credentials)."""
+        return self.backend.describe()
 
     def _confirm_blob(self, ref: BlobRef, doing: str) -> None:
         key = blob_key(ref.sha256)
@@ -206,7 +246,7 @@ class ModelStore:
         return [
             key.split("/")[1]
             for key in self.backend.list_keys("versions/")
-            if key.endswith("/manifest.json")
+            if _is_manifest_key(key)
         ]
 
     def resolve(self, ref: str) -> VersionManifest:
@@ -215,6 +255,111 @@ class ModelStore:
         if version is None:
             raise VersionNotFound(f"alias {ref!r} is cleared and points at no version")
         return self.get_manifest(version)
+
+    # -- attachments -----------------------------------------------------------------------------
+    def put_attachment(
+        self,
+        version: str | None,
+        kind: str,
+        name: str,
+        content: bytes,
+        *,
+        blobs: Mapping[str, BlobRef] | None = None,
+    ) -> Attachment:
+        """File a named record beside a version (None: beside the store), once; its envelope.
+
+        The content is stored as a blob; it and every blob in `blobs` (confirmed present first)
+        are kept by gc while the attachment exists. The same content and blobs again is a no-op;
+        anything else raises AttachmentExists naming both hashes, with the filed envelope on it.
+        Raises VersionNotFound for a version that is not published.
+        """
+        about = describe_attachment(version, kind, name)
+        if version is not None:
+            self.get_manifest(version)  # never filed under a version that is not there
+        _check_name("attachment kind", kind)
+        _check_name("attachment name", name)
+        refs = dict(sorted((blobs or {}).items()))
+        for ref in refs.values():
+            self._confirm_blob(ref, f"cannot file attachment {about}")
+        attachment = Attachment(
+            version=version,
+            kind=kind,
+            name=name,
+            content=self._put_small_blob(content, f"filing attachment {about}"),
+            blobs=refs,
+        )
+        data = attachment.model_dump_json(indent=2).encode()
+        if not self.backend.put_bytes(attachment.key, data, exclusive=True):
+            existing = self._read_envelope(attachment.key)
+            if existing is None:  # taken, yet gone: nothing in Relay deletes an attachment
+                raise StoreError(f"attachment {about} was removed while being filed")
+            if existing != attachment:
+                raise AttachmentExists(_conflict(existing, attachment), existing)
+            return existing
+        # As for publish: only a gc with too short a grace period could have taken these.
+        for ref in attachment.referenced():
+            self._confirm_blob(ref, f"attachment {about} was filed but a blob vanished meanwhile")
+        return attachment
+
+    def find_attachment(self, version: str | None, kind: str, name: str) -> Attachment | None:
+        """The envelope of a named record, or None if none was filed."""
+        _check_name("attachment kind", kind)
+        _check_name("attachment name", name)
+        if version is not None:
+            _check_name("version", version)
+        return self._read_envelope(attachment_key(version, kind, name))
+
+    def get_attachment(self, version: str | None, kind: str, name: str) -> bytes | None:
+        """The content of a named record, hash-checked; None if none was filed."""
+        attachment = self.find_attachment(version, kind, name)
+        return None if attachment is None else self.read_attachment(attachment)
+
+    def list_attachments(self, version: str | None, kind: str) -> list[Attachment]:
+        """Every record of one kind beside a version (None: beside the store), by name."""
+        _check_name("attachment kind", kind)
+        if version is not None:
+            _check_name("version", version)
+        prefix = attachments_prefix(version, kind)
+        found = []
+        for key in self.backend.list_keys(prefix):
+            if is_attachment_key(key) and (envelope := self._read_envelope(key)) is not None:
+                found.append(envelope)
+        return found
+
+    def read_attachment(self, attachment: Attachment) -> bytes:
+        """An attachment's content, checked against its size and sha256.
+
+        Raises BlobMissing if the content blob is gone, IntegrityError if it holds other bytes.
+        """
+        ref, key = attachment.content, blob_key(attachment.content.sha256)
+        try:
+            data = self.backend.get_bytes(key)
+        except KeyError as exc:
+            raise BlobMissing(
+                f"attachment {attachment.describe()}: its content blob {self.backend.locate(key)} "
+                f"is missing (expected sha256 {ref.sha256})"
+            ) from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != ref.sha256 or len(data) != ref.size:
+            raise IntegrityError(
+                f"attachment {attachment.describe()} is corrupted: its content blob "
+                f"{self.backend.locate(key)} should hold sha256 {ref.sha256} ({ref.size} bytes), "
+                f"got {actual} ({len(data)} bytes)"
+            )
+        return data
+
+    def _read_envelope(self, key: str) -> Attachment | None:
+        try:
+            raw = self.backend.get_bytes(key)
+        except KeyError:
+            return None
+        try:
+            return Attachment.model_validate_json(raw)
+        except ValidationError as exc:
+            raise StoreError(
+                f"{self.backend.locate(key)} is not an attachment envelope (a record filed "
+                f"before attachments existed?): {exc.error_count()} validation errors"
+            ) from exc
 
     # -- aliases -------------------------------------------------------------------------------
     def _alias_keys(self, alias: str) -> list[str]:
@@ -329,22 +474,57 @@ class ModelStore:
                     f"unreadable, so the blobs it references are unknown ({exc})"
                 ) from exc
             referenced.update(ref.sha256 for ref in _blob_refs(manifest))
-        # Records kept beside versions (calibration reports, impact-report attachments) and the
-        # calibration-set pointer reference blobs too: every {"sha256", "size"} in them counts.
-        for prefix in RECORD_PREFIXES:
-            for key in self.backend.list_keys(prefix):
-                if key.endswith(".json") and not key.endswith("/manifest.json"):
-                    try:
-                        referenced.update(_digests_in(json.loads(self.backend.get_bytes(key))))
-                    except (ValueError, KeyError) as exc:
-                        raise StoreError(
-                            f"gc refused: record {key} in {self.backend.describe()} is unreadable, "
-                            f"so the blobs it references are unknown ({exc})"
-                        ) from exc
+        for key in self._record_keys():
+            try:
+                value = json.loads(self.backend.get_bytes(key))
+            except (ValueError, KeyError) as exc:
+                raise StoreError(
+                    f"gc refused: record {key} in {self.backend.describe()} is unreadable, "
+                    f"so the blobs it references are unknown ({exc})"
+                ) from exc
+            try:
+                attachment = Attachment.model_validate(value)
+            except ValidationError:
+                referenced.update(_digests_in(value))  # a record filed before attachments
+            else:
+                referenced.update(ref.sha256 for ref in attachment.referenced())
         return referenced
 
+    def _record_keys(self) -> list[str]:
+        """Every attachment envelope, and every record filed before attachments existed."""
+        keys = []
+        for prefix in RECORD_PREFIXES:
+            keys += [
+                key
+                for key in self.backend.list_keys(prefix)
+                if key.endswith(".json") and not _is_manifest_key(key)
+            ]
+        return keys
 
-RECORD_PREFIXES = ("versions/", "calibration/", "reports/")
+
+# Attachments live under the first two. Stores written before attachments existed also hold
+# records elsewhere (versions/<v>/calibration.json, versions/<v>/tensorrt/<gpu>.json,
+# calibration/current.json, reports/impact/<id>.json): gc still honours every blob reference
+# ({"sha256", "size"}) nested in those, so upgrading never loses the blobs they name.
+RECORD_PREFIXES = ("versions/", "attachments/", "calibration/", "reports/")
+
+
+def _conflict(existing: Attachment, attempted: Attachment) -> str:
+    about = existing.describe()
+    if existing.content != attempted.content:
+        return (
+            f"attachment {about} is already filed with content sha256 {existing.content.sha256}, "
+            f"refusing to replace it with sha256 {attempted.content.sha256}"
+        )
+    return (
+        f"attachment {about} is already filed (content sha256 {existing.content.sha256}) "
+        f"referencing blobs {_digests(existing)}, refusing to file it again referencing "
+        f"{_digests(attempted)}"
+    )
+
+
+def _digests(attachment: Attachment) -> str:
+    return ", ".join(f"{label}={ref.sha256}" for label, ref in attachment.blobs.items()) or "none"
 
 
 def _digests_in(value: object) -> set[str]:

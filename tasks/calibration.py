@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 import logstore
 from logstore.events import sample_window
 from model_store import ModelStore, open_store
+from model_store.attachments import AttachmentExists
 from relay.errors import GateFailed
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
@@ -30,13 +31,15 @@ from tasks.data import DataLimits, TrainingWindow, failure_message, validate_fra
 from tasks.training import auc, logloss
 
 BLESSED = "blessed"
-CALIBRATION_POINTER = "calibration/current.json"
-REPORT_NAME = "calibration.json"
+# Attachments (model_store.attachments): the report beside each version it assesses, and the
+# one calibration set beside the store that every release is assessed on.
+REPORT_KIND, REPORT_NAME = "calibration", "report"
+CALIBRATION_SET_KIND, CALIBRATION_SET_NAME = "calibration-set", "current"
 
 
 @dataclass(frozen=True)
 class CalibrationThresholds:
-    """Limits of the blessing. Relative limits compare with the last blessed version."""
+    """Limits of the blessing (their defaults' one home). Relative limits compare with the last blessed version."""
 
     max_kl: float = 0.05
     max_auc_drop: float = 0.02
@@ -219,24 +222,45 @@ def assess_calibration(
     )
 
 
-def report_key(version: str) -> str:
-    return f"versions/{version}/{REPORT_NAME}"
-
-
 def load_report(store: ModelStore, version: str) -> CalibrationReport | None:
     """The stored blessing record of a version, if it was assessed."""
-    try:
-        return CalibrationReport.model_validate_json(store.backend.get_bytes(report_key(version)))
-    except KeyError:
-        return None
+    raw = store.get_attachment(version, REPORT_KIND, REPORT_NAME)
+    return None if raw is None else CalibrationReport.model_validate_json(raw)
 
 
 def save_report(store: ModelStore, report: CalibrationReport) -> CalibrationReport:
-    """Store the report next to the version, once: a version is assessed against one baseline."""
+    """Store the report next to the version, once: a version is assessed against one baseline.
+
+    If another run stored one first, that one stands and is returned.
+    """
     data = report.model_dump_json(indent=2).encode()
-    if not store.backend.put_bytes(report_key(report.version), data, exclusive=True):
-        return load_report(store, report.version) or report
+    blobs = {"calibration-set": report.calibration_set}
+    try:
+        store.put_attachment(report.version, REPORT_KIND, REPORT_NAME, data, blobs=blobs)
+    except AttachmentExists as exc:
+        return CalibrationReport.model_validate_json(store.read_attachment(exc.existing))
     return report
+
+
+def current_calibration_set(store: ModelStore) -> BlobRef | None:
+    """The calibration set every release is assessed on, if a release has fixed one."""
+    raw = store.get_attachment(None, CALIBRATION_SET_KIND, CALIBRATION_SET_NAME)
+    return None if raw is None else BlobRef.model_validate_json(raw)
+
+
+def fix_calibration_set(store: ModelStore, ref: BlobRef) -> BlobRef:
+    """Make `ref` the calibration set unless one is fixed already; the set that stands."""
+    try:
+        store.put_attachment(
+            None,
+            CALIBRATION_SET_KIND,
+            CALIBRATION_SET_NAME,
+            ref.model_dump_json().encode(),
+            blobs={"calibration-set": ref},
+        )
+    except AttachmentExists as exc:  # a concurrent first release fixed it first
+        return BlobRef.model_validate_json(store.read_attachment(exc.existing))
+    return ref
 
 
 def holdout_period(window: TrainingWindow, fraction: float = 0.1) -> TrainingWindow:
@@ -268,13 +292,6 @@ def _validated(frame: pd.DataFrame, window: TrainingWindow) -> pd.DataFrame:
     return frame
 
 
-def _current_calibration_ref(store: ModelStore) -> BlobRef | None:
-    try:
-        return BlobRef.model_validate_json(store.backend.get_bytes(CALIBRATION_POINTER))
-    except KeyError:
-        return None
-
-
 @task(name="ensure-calibration-set", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def ensure_calibration_set(
     settings: Settings, workdir: Path, window: TrainingWindow, rows: int = 20_000
@@ -284,16 +301,12 @@ def ensure_calibration_set(
     Great Expectations validates the set on creation and on every use.
     """
     store = open_store(settings)
-    ref = _current_calibration_ref(store)
+    ref = current_calibration_set(store)
     if ref is None:
         path = workdir / "calibration.parquet"
         frame = _validated(sample_calibration_frame(settings, window, rows), window)
         frame.to_parquet(path, index=False)
-        created = store.put_blob(path)
-        pointer = created.model_dump_json().encode()
-        # create-if-absent: a concurrent first release may have fixed the set already
-        store.backend.put_bytes(CALIBRATION_POINTER, pointer, exclusive=True)
-        ref = _current_calibration_ref(store) or created
+        ref = fix_calibration_set(store, store.put_blob(path))
     path = store.fetch_blob(ref, workdir / f"calibration-{ref.sha256[:12]}.parquet")
     return ref, _validated(pd.read_parquet(path), window)
 

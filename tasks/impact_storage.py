@@ -1,22 +1,14 @@
-"""Filing impact reports in the model store: HTML and JSON blobs, then the record listing them."""
+"""Filing impact reports in the model store: HTML and JSON blobs, then the attachment listing them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from model_store import ModelStore
-from model_store.store import blob_key
-from relay.errors import StoreError
+from model_store.attachments import attachment_key
 from tasks.impact_types import ImpactReport, StoredImpactReport
 
 REPORT_KIND = "impact-report"
-
-
-def record_key_for(attach_to: str | None, report_id: str) -> str:
-    """Versions' reports live beside their manifest; others under reports/impact/."""
-    if attach_to:
-        return f"versions/{attach_to}/attachments/{REPORT_KIND}/{report_id}.json"
-    return f"reports/impact/{report_id}.json"
 
 
 def store_report_files(
@@ -28,8 +20,8 @@ def store_report_files(
 ) -> StoredImpactReport:
     """Store the HTML and JSON as blobs, then the record that lists them (written last, once).
 
-    The record's `blobs` field names every blob it references, in the same shape as a
-    manifest's, so store-wide tools (gc) can find the references.
+    The record is an attachment of the version (of the store when `attach_to` is None) that
+    references both blobs, so gc keeps them.
     """
     if attach_to:
         store.get_manifest(attach_to)  # raises VersionNotFound: never attach to a missing version
@@ -37,31 +29,28 @@ def store_report_files(
     report_id = (
         f"{report.generated_at.strftime('%Y%m%dT%H%M%S%fZ')}-{blobs['report.json'].sha256[:12]}"
     )
+    version = attach_to or None
     record = StoredImpactReport(
         report_id=report_id,
         created_at=report.generated_at,
         attached_to=attach_to,
-        record_key=record_key_for(attach_to, report_id),
+        record_key=attachment_key(version, REPORT_KIND, report_id),
         window=report.window,
         versions=report.versions,
         finding=report.finding,
         headline=report.headline,
         blobs=blobs,
-        html_url=store.backend.locate(blob_key(blobs["report.html"].sha256)),
-        json_url=store.backend.locate(blob_key(blobs["report.json"].sha256)),
+        html_url=store.locate_blob(blobs["report.html"]),
+        json_url=store.locate_blob(blobs["report.json"]),
     )
-    if not store.backend.put_bytes(
-        record.record_key, record.model_dump_json(indent=2).encode(), exclusive=True
-    ):
-        raise StoreError(f"impact report record {record.record_key} already exists")
+    data = record.model_dump_json(indent=2).encode()
+    store.put_attachment(version, REPORT_KIND, report_id, data, blobs=blobs)
     return record
 
 
 def list_impact_reports(store: ModelStore, version: str | None = None) -> list[StoredImpactReport]:
     """Stored impact reports of a version (or the unattached ones), oldest first."""
-    prefix = record_key_for(version, "x").rsplit("/", 1)[0] + "/"
     return [
-        StoredImpactReport.model_validate_json(store.backend.get_bytes(key))
-        for key in store.backend.list_keys(prefix)
-        if key.endswith(".json")
+        StoredImpactReport.model_validate_json(store.read_attachment(attachment))
+        for attachment in store.list_attachments(version, REPORT_KIND)
     ]

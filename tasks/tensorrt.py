@@ -32,7 +32,7 @@ from relay.features import LABEL, to_model_input
 from relay.gpu import GpuTarget, probe_gpu
 from relay.settings import Settings
 from relay.types import BlobRef, EngineRecord, ParityResult
-from tasks.calibration import CALIBRATION_POINTER, load_report
+from tasks.calibration import current_calibration_set, load_report
 from tasks.compilation import (
     TOLERANCES,
     CompiledEngine,
@@ -291,13 +291,13 @@ def calibration_ref(store: ModelStore, version: str) -> BlobRef:
     report = load_report(store, version)
     if report is not None:
         return report.calibration_set
-    try:
-        return BlobRef.model_validate_json(store.backend.get_bytes(CALIBRATION_POINTER))
-    except KeyError as exc:
+    current = current_calibration_set(store)
+    if current is None:
         raise StoreError(
-            f"no calibration set for {version} in {store.backend.describe()}: run the release "
+            f"no calibration set for {version} in {store.describe()}: run the release "
             "(its calibration step fixes the set) before building TensorRT plans"
-        ) from exc
+        )
+    return current
 
 
 def plan_record(version: str, build: TensorRtBuild, blob: BlobRef | None) -> PlanRecord:

@@ -15,12 +15,13 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 
 from flows.tensorrt import compile_tensorrt_plan
 from model_store import open_store
+from model_store.attachments import attachment_key
 from model_store.plans import list_plan_records
 from relay.errors import VersionNotFound
 from relay.gpu import NO_CUDA
 from relay_testing.versions import train_and_publish
 from simulation.shop import ShopConfig, generate_events
-from tasks.calibration import CALIBRATION_POINTER
+from tasks.calibration import CALIBRATION_SET_KIND, CALIBRATION_SET_NAME, fix_calibration_set
 from tasks.training import TrainConfig
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")
@@ -39,12 +40,10 @@ def published(prefect_harness, settings, tmp_path_factory):
     ref = store.put_blob(work / "calibration.parquet")
     # Only if no release fixed the set yet, and removed afterwards: later releases in this
     # session must calibrate on their own shop's events, not on this one.
-    created = store.backend.put_bytes(
-        CALIBRATION_POINTER, ref.model_dump_json().encode(), exclusive=True
-    )
+    created = fix_calibration_set(store, ref) == ref
     yield store, manifest.version
-    if created:
-        store.backend.delete(CALIBRATION_POINTER)
+    if created:  # attachments are write-once by design: only a test takes one away
+        store.backend.delete(attachment_key(None, CALIBRATION_SET_KIND, CALIBRATION_SET_NAME))
 
 
 def test_plan_flow_without_cuda_completes_with_the_skip_as_data(published):
