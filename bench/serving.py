@@ -690,6 +690,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def targets(r: dict[str, Any]) -> list[Target]:
     """The issue's targets, measured."""
+    idle = [
+        k for k in ("echo", "worker", "worker_binary", "worker_nolog", "naive") if not r[f"{k}_rps"]
+    ]
+    if idle:  # a ratio over nothing would be a number that means nothing
+        raise SystemExit(
+            f"no request was answered in the {', '.join(idle)} round(s): the rounds are too short "
+            "for this machine's load; rerun with a longer --seconds"
+        )
     worker_over_echo = r["worker_rps"] / r["echo_rps"]
     binary_over_json = r["worker_binary_rps"] / r["worker_rps"]
     worker_over_naive = r["worker_rps"] / r["naive_rps"]

@@ -35,7 +35,7 @@ TIMEOUT_S = 420
 COMMANDS: dict[str, str] = {
     "release": "--events 12000 --epochs 1 --hash-mb 16",
     "store": "--size-mb 8 --rounds 1",
-    "serving": "--train-events 4000 --seconds 1 --rounds 1 --warmup 1 --connections 4 "
+    "serving": "--train-events 4000 --seconds 3 --rounds 1 --warmup 2 --connections 4 "
     "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
     "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5",
     "rollback": "--cycles 1 --rps 20 --events 4000",

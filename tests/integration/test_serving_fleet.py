@@ -232,7 +232,7 @@ def test_injected_latency_slows_only_the_chosen_slot(setup: Any) -> None:
         fast = http.post(f"{workers[1].http_url}/v1/predict", json=doc).json()
         assert fast["slot"] == "stable" and time.perf_counter() - started < 0.4
     state = fleet.state().workers[0].state
-    assert state["inject_latency_ms"] == {"stable": 0.0, "canary": 400.0}
+    assert state["inject_latency_ms"] == {"stable": 0.0, "canary": 400.0, "baseline": 0.0}
     assert fleet.set_injected_latency("canary", 0).ok
 
 
