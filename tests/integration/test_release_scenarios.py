@@ -220,7 +220,8 @@ def test_canary_over_the_absolute_slo_is_rolled_back(fleet):
 
 def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_relative_rule(fleet):
     with FleetClient.from_settings(get_settings()) as client:
-        client.set_injected_latency("canary", 0.0, factor=2.0)  # twice as slow, still < 300 ms
+        # x3: at light load the +5 ms floor puts the tolerance near x2, so x2 sat on the boundary
+        client.set_injected_latency("canary", 0.0, factor=3.0)  # three times as slow, < 300 ms
         try:
             summary = run_release(seed=8)
         finally:
