@@ -1,31 +1,46 @@
-"""Inference-log rows, written off the request path: spool segments, direct inserts, ingestion.
+"""Inference-log rows: a write-ahead file per worker, spool segments, direct inserts, ingestion.
 
-A serving worker never opens chdb (one process per chdb path). It writes immutable Parquet
-segments into a spool folder (temp name, fsync, rename), and whichever process owns the log
-store calls `ingest_spool` before reading. With a ClickHouse server the worker inserts
-directly and spools only while the server is unreachable, draining the spool once it answers.
+On the request path a row costs one record copied into the worker's memory-mapped write-ahead
+file (`logstore.wal`) before the answer is sent, so a killed worker loses no answered request's
+row. Off the request path, every flush interval (or every `batch_rows` rows) the file is rotated:
+its rows become one immutable Parquet segment in the spool folder (temp name, fsync, rename)
+named after the file, and only then is the file deleted. A serving worker never opens chdb (one
+process per chdb path); whichever process owns the log store calls `ingest_spool` before
+reading. With a ClickHouse server the worker inserts each rotated file's rows directly and
+spools only while the server is unreachable, draining the spool once it answers.
+
+Exactly once across crashes, by file names: `<id>.wal` (rows not yet anywhere else),
+`<id>.wal.inserting` (an INSERT of them may have landed), `<id>.parquet` (a finished segment),
+`<id>.parquet.ingesting` (claimed by an ingester, or recovered from an `.inserting` file: its
+rows are inserted only if absent). A segment is never ingested while a write-ahead file of the
+same id exists, and a write-ahead file whose segment exists is only deleted. A dead worker's
+files (`recover_wals`, run by every worker at start and before every ingestion) become
+segments, their torn last record dropped.
 
 No row is dropped: a spool above its size cap is reported loudly (error log, `over_cap`, which
-the worker turns into a metric and not-ready) and keeps accepting rows. Ingestion is
-exactly-once across crashes: a segment is renamed to `*.ingesting` before its single-block
-INSERT, and a leftover `*.ingesting` file is inserted again only if its rows are absent.
+the worker turns into a metric and not-ready) and keeps accepting rows; a write-ahead file that
+cannot be written keeps rows in memory and says so (`wal_error`, not-ready).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from logstore import wal
+from logstore.wal import WalFile
 from relay.errors import LogStoreError
 
 log = logging.getLogger("logstore.spool")
@@ -33,6 +48,8 @@ log = logging.getLogger("logstore.spool")
 TABLE = "inference_logs"
 SEGMENT_SUFFIX = ".parquet"
 INGESTING_SUFFIX = ".ingesting"
+WAL_SUFFIX = ".wal"
+INSERTING_SUFFIX = ".inserting"  # after WAL_SUFFIX: its rows were handed to a server INSERT
 
 SCHEMA = pa.schema(
     [
@@ -97,26 +114,18 @@ class SpoolWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.prefix = prefix
-        self._seq = 0
+        self._seq = itertools.count(1)  # next() is atomic: ids are drawn from two threads
         self._last_alarm = 0.0
         self.over_cap = False
         self.backlog = self.scan()
 
-    def write(self, rows: Sequence[LogRow]) -> Path:
+    def next_id(self) -> str:
+        """A fresh segment id, unique across workers and restarts; names sort by time."""
+        return f"{self.prefix}-{time.time_ns()}-{next(self._seq):06d}"
+
+    def write(self, rows: Sequence[LogRow], segment_id: str | None = None) -> Path:
         """Write rows as one segment (temp name, fsync, rename) and return its path."""
-        self._seq += 1
-        name = f"{self.prefix}-{time.time_ns()}-{self._seq:06d}{SEGMENT_SUFFIX}"
-        final = self.dir / name
-        tmp = self.dir / f".tmp-{name}"
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(rows_to_table(rows), f, compression="zstd")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(self.dir)
+        final = write_segment(self.dir, f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}", rows)
         self.check_cap()
         return final
 
@@ -153,6 +162,103 @@ class SpoolWriter:
         return self.backlog
 
 
+def write_segment(directory: Path, name: str, rows: Sequence[LogRow]) -> Path:
+    """`rows` as the Parquet file `directory/name`, which appears whole or not at all."""
+    final = directory / name
+    tmp = directory / f".tmp-{name}"
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(rows_to_table(rows), f, compression="zstd")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(directory)
+    return final
+
+
+def decode_rows(data: bytes) -> tuple[list[LogRow], int]:
+    """The rows of a write-ahead file's bytes, and the bytes of torn tail dropped after them."""
+    payloads, torn = wal.parse(data)
+    decoded: list[LogRow] = []
+    for i, payload in enumerate(payloads):
+        try:
+            decoded.append(cast(LogRow, tuple(orjson.loads(payload))))
+        except orjson.JSONDecodeError:  # only a bug writes this; keep what came before it
+            log.error("undecodable write-ahead record %d: dropping it and what follows", i)
+            return decoded, torn + sum(len(p) + wal.HEADER.size for p in payloads[i:])
+    return decoded, torn
+
+
+def wal_id(name: str) -> str | None:
+    """The segment id of a write-ahead file's name, None for any other file."""
+    for suffix in (WAL_SUFFIX + INSERTING_SUFFIX, WAL_SUFFIX):
+        if name.endswith(suffix) and not name.startswith("."):
+            return name[: -len(suffix)]
+    return None
+
+
+def _has_wal(directory: Path, segment_id: str) -> bool:
+    return any(
+        (directory / f"{segment_id}{WAL_SUFFIX}{tail}").exists() for tail in ("", INSERTING_SUFFIX)
+    )
+
+
+def _has_segment(directory: Path, segment_id: str) -> bool:
+    return any(
+        (directory / f"{segment_id}{SEGMENT_SUFFIX}{tail}").exists()
+        for tail in ("", INGESTING_SUFFIX)
+    )
+
+
+@dataclass(frozen=True)
+class WalRecovery:
+    """What `recover_wals` found of workers that died."""
+
+    files: int
+    rows: int
+    torn_bytes: int  # the unfinished last records dropped (requests never answered)
+
+
+def recover_wals(spool_dir: Path) -> WalRecovery:
+    """Turn every dead worker's write-ahead file into a segment, once; leave live ones alone."""
+    if not spool_dir.exists():
+        return WalRecovery(0, 0, 0)
+    files = rows = torn = 0
+    for path in sorted(spool_dir.iterdir()):
+        segment_id = wal_id(path.name)
+        if segment_id is None:
+            continue
+        fd = wal.claim(path)
+        if fd is None:
+            continue  # a live worker's, or already recovered by someone else
+        try:
+            if not _has_segment(spool_dir, segment_id):  # else: rotated, only not yet deleted
+                recovered, dropped = decode_rows(wal.read_all(fd))
+                if recovered:
+                    # An .inserting file's rows may already be in ClickHouse: as a claimed
+                    # segment they are inserted only if absent.
+                    tail = INGESTING_SUFFIX if path.name.endswith(INSERTING_SUFFIX) else ""
+                    write_segment(spool_dir, f"{segment_id}{SEGMENT_SUFFIX}{tail}", recovered)
+                rows += len(recovered)
+                torn += dropped
+            path.unlink(missing_ok=True)
+            files += 1
+        finally:
+            os.close(fd)
+    if files:
+        log.warning(
+            "recovered %d request-log write-ahead file(s) of stopped workers in %s: %d rows, "
+            "%d bytes of unfinished last records dropped",
+            files,
+            spool_dir,
+            rows,
+            torn,
+        )
+    return WalRecovery(files, rows, torn)
+
+
 @dataclass(frozen=True)
 class IngestReport:
     """What one ingest_spool call moved into ClickHouse."""
@@ -163,11 +269,20 @@ class IngestReport:
 
 
 def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
-    """Insert every finished segment into inference_logs, each exactly once, then delete it."""
+    """Insert every finished segment into inference_logs, each exactly once, then delete it.
+
+    Dead workers' write-ahead files become segments first; a segment whose write-ahead file
+    still exists is left for the next call (its writer has not finished rotating it).
+    """
     if not spool_dir.exists():
         return IngestReport(0, 0, 0)
+    recover_wals(spool_dir)
     segments = rows = recovered = 0
     for leftover in sorted(spool_dir.glob(f"*{INGESTING_SUFFIX}")):
+        if leftover.name.startswith(".") or _has_wal(
+            spool_dir, leftover.name.removesuffix(SEGMENT_SUFFIX + INGESTING_SUFFIX)
+        ):
+            continue
         table = pq.read_table(leftover, schema=SCHEMA)
         if not _already_inserted(client, table):
             _insert(client, table, leftover)
@@ -175,7 +290,7 @@ def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
         leftover.unlink()
         recovered += 1
     for segment in sorted(spool_dir.glob(f"*{SEGMENT_SUFFIX}")):
-        if segment.name.startswith("."):
+        if segment.name.startswith(".") or _has_wal(spool_dir, segment.stem):
             continue
         claimed = segment.with_name(segment.name + INGESTING_SUFFIX)
         try:
@@ -234,13 +349,31 @@ class WriterStats:
     rows_drained: int = 0  # spooled earlier, inserted once the server answered
     insert_failures: int = 0
     spool_failures: int = 0
+    wal_failures: int = 0  # rows the write-ahead file could not take (kept in memory)
+
+
+@dataclass
+class _Batch:
+    """Rows bound for one segment or insert, and the write-ahead file holding them (None: none)."""
+
+    segment_id: str
+    wal: WalFile | None
+    rows: list[LogRow] = field(default_factory=list)
+
+    def retire(self) -> None:
+        if self.wal is not None:
+            self.wal.retire()
+            self.wal = None
 
 
 class RequestLogWriter:
-    """Buffers rows in memory and writes them from a background thread every `flush_s`.
+    """Writes each row ahead on the request path; rotates rows into segments or inserts.
 
-    With `connect_server` (a ClickHouse server DSN) rows are inserted directly and spooled only
-    when the insert fails; without it (embedded chdb) every batch becomes a spool segment.
+    `append` returns once the row is in the operating system's hands (its write-ahead file), so
+    callers append before they answer. A background thread rotates the file every `flush_s` (or
+    the request path does, every `batch_rows` rows). With `connect_server` (a ClickHouse server
+    DSN) a rotated file's rows are inserted directly and spooled only when the insert fails;
+    without it (embedded chdb) each becomes a spool segment.
     """
 
     def __init__(
@@ -257,45 +390,150 @@ class RequestLogWriter:
         self._server_down_since: float | None = None
         self._flush_s = flush_s
         self._batch_rows = batch_rows
-        self._rows: list[LogRow] = []
+        self._lock = threading.Lock()  # the request path and the flusher both rotate
+        self._open: _Batch | None = None  # taking rows now
+        self._sealed: list[_Batch] = []  # rotated, waiting to be written
+        self._spare: WalFile | None = None  # emptied after its rows were written: the next file
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
         self.stats = WriterStats()
+        self.wal_error: str | None = None  # why rows are in memory only, while they are
 
     @property
     def buffered(self) -> int:
-        return len(self._rows)
+        """Rows not yet in a segment or ClickHouse (in a write-ahead file, or only in memory)."""
+        with self._lock:
+            batches = [*self._sealed, *([self._open] if self._open else [])]
+            return sum(len(b.rows) for b in batches)
 
     def append(self, row: LogRow) -> None:
-        """Queue one row (called on the request path: a list append, nothing more)."""
-        self._rows.append(row)
+        """Write one row ahead and queue it; on the request path, before the answer is sent."""
+        payload = orjson.dumps(row)
+        with self._lock:
+            batch = self._open
+            if batch is None:
+                batch = self._open = self._new_batch()
+            if batch.wal is not None and not batch.wal.append(payload):
+                self._sealed.append(batch)  # that file is full: the row starts the next one
+                batch = self._open = self._new_batch()
+                if batch.wal is not None and not batch.wal.append(payload):
+                    batch.wal.retire()  # a row larger than a whole file: memory only
+                    batch.wal = None
+            if batch.wal is None:
+                self.stats.wal_failures += 1
+            batch.rows.append(row)
+            if len(batch.rows) >= self._batch_rows:
+                self._sealed.append(batch)
+                self._open = None
 
     def start(self) -> None:
+        """Recover stopped workers' write-ahead files, then start writing in the background."""
+        recover_wals(self.spool.dir)
+        self.spool.check_cap()
         self._thread.start()
 
     def close(self) -> None:
-        """Write everything still buffered and stop the thread."""
+        """Write everything still buffered, stop the thread, delete the empty write-ahead file."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         else:
             self.flush()
+        with self._lock:
+            last, self._open = self._open, None
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.retire()
+        if last is not None and not last.rows:
+            last.retire()
+        elif last is not None:  # appended after the final flush: leave it to recovery
+            self._sealed.append(last)
 
     def flush(self) -> None:
-        """Write out what is buffered now, in batches of at most batch_rows."""
-        # Swapping the list is atomic under the GIL, so appends never wait for a write.
-        rows, self._rows = self._rows, []
-        for start in range(0, len(rows), self._batch_rows):
+        """Rotate the write-ahead file, then write every rotated batch out."""
+        self._rotate()
+        with self._lock:
+            batches, self._sealed = self._sealed, []
+        for i, batch in enumerate(batches):
             try:
-                self._write(rows[start : start + self._batch_rows])
+                self._write(batch)
             except Exception:
                 # Server and disk both refused: keep the rows for the next flush, never drop them.
-                self._rows[:0] = rows[start:]
+                with self._lock:
+                    self._sealed[:0] = batches[i:]
                 raise
-        if not rows:
+        if not batches:
             self.spool.check_cap()
+
+    def _rotate(self) -> None:
+        with self._lock:
+            current = self._open
+            if current is None or not current.rows:
+                return
+            spare, self._spare = self._spare, None
+        # A new file is slow next to a row: made outside the lock, when there is no spare.
+        fresh: _Batch | None = self._batch_in(spare) if spare else self._create_batch()
+        with self._lock:
+            if self._open is current:
+                self._sealed.append(current)
+                self._open, fresh = fresh, None
+        if fresh is not None:  # the request path rotated meanwhile
+            fresh.retire()
+
+    def _new_batch(self) -> _Batch:
+        """A batch to take rows (the caller holds the lock): in the spare file if there is one."""
+        spare, self._spare = self._spare, None
+        return self._batch_in(spare) if spare else self._create_batch()
+
+    def _batch_in(self, wal_file: WalFile) -> _Batch:
+        self._wal_works()
+        return _Batch(wal_file.path.name.removesuffix(WAL_SUFFIX), wal_file)
+
+    def _create_batch(self) -> _Batch:
+        segment_id = self.spool.next_id()
+        try:
+            wal_file = WalFile.create(self.spool.dir, f"{segment_id}{WAL_SUFFIX}")
+        except OSError as exc:
+            self._wal_failed(exc)
+            return _Batch(segment_id, None)
+        self._wal_works()
+        return _Batch(segment_id, wal_file)
+
+    def _reuse(self, batch: _Batch) -> None:
+        """The batch's rows are safe: its file becomes the spare, or is deleted if one exists."""
+        held, batch.wal = batch.wal, None
+        if held is None:
+            return
+        with self._lock:
+            wanted = self._spare is None
+        if wanted:
+            try:
+                held.recycle(self.spool.dir / f"{self.spool.next_id()}{WAL_SUFFIX}")
+            except OSError:
+                wanted = False  # emptied but not renamed: deleted below, as it would have been
+        if wanted:
+            with self._lock:
+                if self._spare is None:
+                    self._spare, held = held, None
+        if held is not None:
+            held.retire()
+
+    def _wal_works(self) -> None:
+        if self.wal_error is not None:
+            log.warning("request-log write-ahead file works again in %s", self.spool.dir)
+            self.wal_error = None
+
+    def _wal_failed(self, exc: OSError) -> None:
+        if self.wal_error is None:
+            log.error(
+                "cannot write the request-log write-ahead file in %s (%s): rows are kept in "
+                "memory until it can be written; the worker reports not-ready",
+                self.spool.dir,
+                exc,
+            )
+        self.wal_error = f"request-log write-ahead file in {self.spool.dir}: {exc}"
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -306,23 +544,35 @@ class RequestLogWriter:
                 log.exception("request-log flush failed")
         self.flush()
 
-    def _write(self, rows: list[LogRow]) -> None:
+    def _write(self, batch: _Batch) -> None:
         server = self._server_or_none()
         if server is not None:
+            held = batch.wal
+            if held is not None and not held.path.name.endswith(INSERTING_SUFFIX):
+                # From here on, recovery must ask ClickHouse whether these rows arrived.
+                held.rename(held.path.with_name(held.path.name + INSERTING_SUFFIX))
             try:
-                server.insert_arrow(TABLE, rows_to_table(rows))
-                self.stats.rows_inserted += len(rows)
-                self._drain(server)
-                return
+                server.insert_arrow(TABLE, rows_to_table(batch.rows))
             except Exception as exc:  # any failure: the rows go to the spool instead
                 self.stats.insert_failures += 1
                 self._mark_down(exc)
+            else:
+                self.stats.rows_inserted += len(batch.rows)
+                self._reuse(batch)
+                try:
+                    self._drain(server)
+                except Exception as exc:  # the batch is in: never write it again
+                    self._mark_down(exc)
+                return
         try:
-            self.spool.write(rows)
+            self.spool.write(batch.rows, batch.segment_id)
         except Exception:
             self.stats.spool_failures += 1
             raise
-        self.stats.rows_spooled += len(rows)
+        # Only after the segment exists: a crash in between leaves both, and recovery then
+        # deletes the write-ahead file alone.
+        self._reuse(batch)
+        self.stats.rows_spooled += len(batch.rows)
 
     def _server_or_none(self) -> LogServer | None:
         if self._connect_server is None:

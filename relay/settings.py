@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -117,6 +117,15 @@ class Settings(BaseSettings):
     serving_fleet_urls: str = Field(
         default="", description="Comma-separated base URLs of the workers the fleet client drives."
     )
+    serving_canary_lease_s: float = Field(
+        default=90.0,
+        gt=0.0,
+        description="How long a canary weight above 0 holds on a worker unless the release renews "
+        "it (it does while it watches the canary): 4.5 analysis windows of 20 s.",
+    )
+    serving_canary_lease_max_s: float = Field(
+        default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."
+    )
 
     @field_validator("clickhouse_dsn")
     @classmethod
@@ -126,6 +135,16 @@ class Settings(BaseSettings):
                 f"RELAY_CLICKHOUSE_DSN must start with chdb://, http:// or https://, got {value!r}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _lease_within_its_maximum(self) -> Settings:
+        if self.serving_canary_lease_s > self.serving_canary_lease_max_s:
+            raise ValueError(
+                f"RELAY_SERVING_CANARY_LEASE_S ({self.serving_canary_lease_s:g}) is above "
+                f"RELAY_SERVING_CANARY_LEASE_MAX_S ({self.serving_canary_lease_max_s:g}): "
+                "workers would refuse every lease"
+            )
+        return self
 
     @property
     def resolved_model_store_url(self) -> str:

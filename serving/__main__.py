@@ -77,7 +77,8 @@ async def serve(settings: Settings, shutdown: Shutdown) -> None:
     writer = build_log_writer(settings)
     worker = Worker(settings, open_store(settings), ServingMetrics(), writer)
     if writer is not None:
-        writer.start()
+        writer.start()  # recovers stopped workers' write-ahead files first
+    worker.start()
     binary = BinaryServer(worker, settings.serving_binary_idle_s)
     binary_port = await binary.start(settings.serving_host, settings.serving_binary_port)
 

@@ -173,12 +173,13 @@ class BinaryConnection(asyncio.BufferedProtocol):
                 "lineage_id": ex.lineage_id,
                 "rows": int(scores.shape[0]),
             }
+            self.worker.record(ex)  # the row first: an answered request always has one
             self._write(encode_frame(Kind.RESULT, head, scores.astype("<f4", copy=False).tobytes()))
-            self.worker.record(ex)
         if self._closing and not self.owed:
             self._close_now()
 
     def _send_error(self, frame_id: Any, ex: Exchange) -> None:
+        self.worker.record(ex)
         self._write(
             encode_frame(
                 Kind.ERROR,
@@ -191,7 +192,6 @@ class BinaryConnection(asyncio.BufferedProtocol):
                 },
             )
         )
-        self.worker.record(ex)
 
     def _write(self, data: bytes) -> None:
         # A batch answers many of this connection's requests in one loop iteration: gather

@@ -6,15 +6,25 @@ ready with the same canary and baseline, and only then switches weights. If a lo
 check fails anywhere, canary and baseline are unloaded everywhere and no weight moved.
 Each call returns a FleetResult: the phase reached, why it stopped, and every worker's answer.
 
+Every weight goes out with a lease (`lease_s`, RELAY_SERVING_CANARY_LEASE_S by default): a
+weight above 0 holds on a worker only until its lease runs out, unless renewed (`renew`, or
+`renewing` around a stretch of analysis). A release controller that dies stops renewing, and
+every worker takes the canary to weight 0 on its own.
+
     fleet = FleetClient.from_settings(get_settings())       # or FleetClient(urls, token)
     fleet.deploy_canary("v42", weight=5, baseline="v41")     # load+warm all, verify, weight 5
-    fleet.set_weight(25); fleet.promote(); fleet.rollback(); fleet.state()
+    fleet.set_weight(25); fleet.renew(); fleet.promote(); fleet.rollback(); fleet.state()
+    with fleet.renewing():                                   # renewed until the block ends
+        watch_the_canary()
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +34,12 @@ from relay.errors import ConfigError
 from relay.settings import Settings
 from serving.routing import BASELINE, CANARY, STABLE, check_slot
 
+log = logging.getLogger("serving.fleet")
+
 LOAD_TIMEOUT_S = 300.0  # a load downloads, verifies and warms an engine
 CALL_TIMEOUT_S = 10.0
+DEFAULT_LEASE_S: float = Settings.model_fields["serving_canary_lease_s"].default
+RENEWALS_PER_LEASE = 3  # a lease sees this many renewals, so one or two may fail
 
 
 @dataclass(frozen=True)
@@ -82,12 +96,14 @@ class FleetClient:
         *,
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = CALL_TIMEOUT_S,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         if not urls:
             raise ConfigError("the fleet has no workers: set RELAY_SERVING_FLEET_URLS")
         if not token:
             raise ConfigError("no admin token: set RELAY_SERVING_ADMIN_TOKEN")
         self.urls = [u.rstrip("/") for u in urls]
+        self.lease_s = lease_s
         self._clients = {
             url: httpx.Client(
                 base_url=url,
@@ -101,7 +117,11 @@ class FleetClient:
     @classmethod
     def from_settings(cls, settings: Settings) -> FleetClient:
         urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
-        return cls(urls, settings.serving_admin_token.get_secret_value())
+        return cls(
+            urls,
+            settings.serving_admin_token.get_secret_value(),
+            lease_s=settings.serving_canary_lease_s,
+        )
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -129,11 +149,18 @@ class FleetClient:
             return FleetResult("load", False, "load", _why(loaded), loaded)
         return self._verify("load", slot, loaded)
 
-    def deploy_canary(self, version: str, weight: int, baseline: str | None = None) -> FleetResult:
+    def deploy_canary(
+        self,
+        version: str,
+        weight: int,
+        baseline: str | None = None,
+        lease_s: float | None = None,
+    ) -> FleetResult:
         """Load+warm `version` as canary (and `baseline` beside it) everywhere, verify, set `weight`.
 
-        If any worker fails to load or verify either, canary and baseline are rolled back on
-        every worker and no weight changes: nothing is left loaded.
+        The weight holds for `lease_s` (default: this client's lease) unless renewed. If any
+        worker fails to load or verify either, canary and baseline are rolled back on every
+        worker and no weight changes: nothing is left loaded.
         """
         slots = [(CANARY, version)] + ([(BASELINE, baseline)] if baseline else [])
         loaded: list[WorkerResult] = []
@@ -152,11 +179,14 @@ class FleetClient:
                 return FleetResult(
                     "deploy_canary", False, "verify", verified.reason, verified.workers, undo
                 )
-        switched = self._each("POST", "/admin/weight", {"weight": weight})
+        switched = self._each("POST", "/admin/weight", self._weight_body(weight, lease_s))
         return self._switch_result("deploy_canary", switched)
 
-    def set_weight(self, weight: int) -> FleetResult:
-        """Verify every worker serves the same ready canary (and baseline), then move the weight."""
+    def set_weight(self, weight: int, lease_s: float | None = None) -> FleetResult:
+        """Verify every worker serves the same ready canary (and baseline), then move the weight.
+
+        The weight holds for `lease_s` (default: this client's lease) unless renewed.
+        """
         states = self._each("GET", "/admin/state")
         check = self._verify("set_weight", CANARY, states)
         if check.ok and any(r.baseline_version for r in states):
@@ -164,8 +194,52 @@ class FleetClient:
         if not check.ok and weight > 0:
             return check
         return self._switch_result(
-            "set_weight", self._each("POST", "/admin/weight", {"weight": weight})
+            "set_weight", self._each("POST", "/admin/weight", self._weight_body(weight, lease_s))
         )
+
+    def renew(self, lease_s: float | None = None) -> FleetResult:
+        """A fresh lease of `lease_s` (default: this client's) for the canary's weight everywhere.
+
+        A worker whose lease already ran out answers 409 `lease_expired`: its canary is at
+        weight 0 until a weight is set again.
+        """
+        body = {"lease_s": self.lease_s if lease_s is None else lease_s}
+        return self._one_phase("renew", self._each("POST", "/admin/renew", body))
+
+    @contextmanager
+    def renewing(
+        self, lease_s: float | None = None, every_s: float | None = None
+    ) -> Iterator[list[FleetResult]]:
+        """Renew the lease now, every `every_s` (a third of the lease) while the block runs,
+        and once more if the block ends without an exception.
+
+        Yields the renewals' results. A failed renewal is logged, not raised: a worker whose
+        lease ran out serves stable, which the analysis sees as less canary traffic.
+        """
+        lease = self.lease_s if lease_s is None else lease_s
+        period = every_s if every_s is not None else lease / RENEWALS_PER_LEASE
+        results: list[FleetResult] = []
+        stop = threading.Event()
+
+        def renew_once() -> None:
+            result = self.renew(lease)
+            results.append(result)
+            if not result.ok:
+                log.warning("canary lease renewal failed: %s", result.reason)
+
+        def keep_renewing() -> None:
+            while not stop.wait(period):
+                renew_once()
+
+        renew_once()
+        thread = threading.Thread(target=keep_renewing, name="canary-lease", daemon=True)
+        thread.start()
+        try:
+            yield results
+        finally:
+            stop.set()
+            thread.join()
+        renew_once()  # only after a block that ended normally: a failed one is rolled back
 
     def promote(self) -> FleetResult:
         """Verify every worker serves the same ready canary, then make it stable everywhere."""
@@ -183,6 +257,9 @@ class FleetClient:
         check_slot(slot)
         body = {"slot": slot, "ms": ms, "factor": factor}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
+
+    def _weight_body(self, weight: int, lease_s: float | None) -> dict[str, Any]:
+        return {"weight": weight, "lease_s": self.lease_s if lease_s is None else lease_s}
 
     # -- phases --------------------------------------------------------------------------------
     def _verify(self, operation: str, slot: str, answers: list[WorkerResult]) -> FleetResult:

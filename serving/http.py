@@ -121,8 +121,9 @@ def build_app(worker: Worker) -> ASGIApp:
         except RequestRejected as rejection:
             ex.request_id = worker.next_request_id()
             ex.reject(rejection)
-            await send_json(send, ex.status, orjson.dumps(ex.error_body()))
-            worker.record(ex)
+            payload = orjson.dumps(ex.error_body())
+            worker.record(ex)  # the row first: an answered request always has one
+            await send_json(send, ex.status, payload)
             return
         answered: asyncio.Future[Exchange] = asyncio.get_running_loop().create_future()
 
@@ -150,8 +151,8 @@ def build_app(worker: Worker) -> ASGIApp:
                 },
                 option=orjson.OPT_SERIALIZE_NUMPY,
             )
-        await send_json(send, ex.status, payload)
         worker.record(ex)
+        await send_json(send, ex.status, payload)
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok", "worker_id": worker.worker_id})
@@ -195,8 +196,15 @@ def build_app(worker: Worker) -> ASGIApp:
 
     async def weight(body: dict[str, Any]) -> dict[str, Any]:
         if "weight" not in body:
-            raise RequestRejected("missing_field", "body needs 'weight' (integer 0-100)")
-        return await worker.set_weight(body["weight"])
+            raise RequestRejected(
+                "missing_field", "body needs 'weight' (integer 0-100) and, above 0, 'lease_s'"
+            )
+        return await worker.set_weight(body["weight"], body.get("lease_s"))
+
+    async def renew(body: dict[str, Any]) -> dict[str, Any]:
+        if "lease_s" not in body:
+            raise RequestRejected("missing_field", "body needs 'lease_s' (seconds)")
+        return await worker.renew(body["lease_s"])
 
     async def promote(body: dict[str, Any]) -> dict[str, Any]:
         return await worker.promote()
@@ -228,6 +236,7 @@ def build_app(worker: Worker) -> ASGIApp:
         Route("/admin/state", admin("state", state), methods=["GET"]),
         Route("/admin/load", admin("load", load), methods=["POST"]),
         Route("/admin/weight", admin("weight", weight), methods=["POST"]),
+        Route("/admin/renew", admin("renew", renew), methods=["POST"]),
         Route("/admin/promote", admin("promote", promote), methods=["POST"]),
         Route("/admin/rollback", admin("rollback", rollback), methods=["POST"]),
         Route("/admin/latency", admin("latency", latency), methods=["POST"]),

@@ -37,6 +37,8 @@ class WorkerSnapshot:
     ready: bool
     queue_depth: int
     canary_weight: int
+    canary_lease_seconds_left: float  # 0 without a lease
+    canary_lease_expirations: int
     injected_latency_ms: dict[str, float]
     injected_slowdown: dict[str, float]
     models: list[dict[str, str]]  # slot, version, lineage_id, engine
@@ -47,6 +49,8 @@ class WorkerSnapshot:
     spool_bytes: int
     spool_cap_bytes: int
     spool_over_cap: bool
+    log_wal_ok: bool
+    log_wal_failures: int
 
 
 class ServingMetrics:
@@ -135,6 +139,17 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "relay_canary_weight", "Percent of users routed to the canary.", value=s.canary_weight
         )
+        yield GaugeMetricFamily(
+            "relay_canary_lease_seconds_left",
+            "Seconds until the canary's weight lapses to 0 unless the release renews it "
+            "(0 without a lease).",
+            value=s.canary_lease_seconds_left,
+        )
+        yield CounterMetricFamily(
+            "relay_canary_lease_expirations",
+            "Canary leases that ran out unrenewed, taking the canary's weight to 0.",
+            value=s.canary_lease_expirations,
+        )
         injected = GaugeMetricFamily(
             "relay_injected_latency_ms", "Latency added to each request, by slot.", labels=["slot"]
         )
@@ -164,7 +179,7 @@ class _StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "relay_log_buffered_rows",
-            "Log rows in memory, not yet written.",
+            "Log rows not yet in a segment or ClickHouse (written ahead, or in memory only).",
             value=s.log_buffered_rows,
         )
         rows = CounterMetricFamily(
@@ -188,4 +203,14 @@ class _StateCollector(Collector):
             "relay_spool_over_cap",
             "1 while the spool is over its cap.",
             value=int(s.spool_over_cap),
+        )
+        yield GaugeMetricFamily(
+            "relay_log_wal_ok",
+            "1 while log rows are written ahead before answers leave; 0: kept in memory only.",
+            value=int(s.log_wal_ok),
+        )
+        yield CounterMetricFamily(
+            "relay_log_wal_failures",
+            "Log rows the write-ahead file could not take (kept in memory instead).",
+            value=s.log_wal_failures,
         )

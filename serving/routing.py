@@ -6,14 +6,21 @@ with its own batcher), and the rest to stable. Canary and baseline therefore see
 equally warm engines and equally full batches, so the gate compares like with like (Kayenta's
 design); stable keeps serving everyone else.
 
-Every change (load, weight, promote, rollback, injected latency) builds a new table from the
-old one and the worker swaps the reference in one assignment, so a request reads either the
-old table or the new one, never a mix.
+Every change (load, weight, promote, rollback, injected latency, a lease running out) builds a
+new table from the old one and the worker swaps the reference in one assignment, so a request
+reads either the old table or the new one, never a mix.
+
+A canary weight above 0 is leased (the worker's admin API grants no weight without one): the
+release renews the lease while it watches the canary, and a lease that runs out takes the
+canary's weight to 0 on this worker alone, with stable, canary and baseline left loaded. A
+release controller that dies therefore cannot leave users on an unjudged version for longer
+than one lease, and the workers need not talk to each other to converge on stable.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
@@ -25,6 +32,32 @@ BASELINE = "baseline"
 SLOTS = (STABLE, CANARY, BASELINE)
 MAX_INJECTED_MS = 60_000.0
 MAX_SLOWDOWN = 100.0
+
+
+@dataclass(frozen=True)
+class CanaryLease:
+    """How long the canary's weight holds without a renewal, on the worker's monotonic clock."""
+
+    length_s: float
+    until: float
+    lapsed: bool = False  # ran out: the weight went to 0 and stays there until set again
+
+    def seconds_left(self, now: float) -> float:
+        return 0.0 if self.lapsed else max(self.until - now, 0.0)
+
+
+def grant_lease(lease_s: object, now: float, max_s: float) -> CanaryLease:
+    """A lease of `lease_s` seconds from `now`; refused (400) unless 0 < lease_s <= max_s."""
+    length = math.nan  # for anything but a number (True is an int to Python, not seconds)
+    if isinstance(lease_s, int | float) and not isinstance(lease_s, bool):
+        length = float(lease_s)
+    if not 0 < length <= max_s:  # NaN fails here, and so does inf
+        raise RequestRejected(
+            "bad_lease",
+            f"lease_s must be a number of seconds above 0 and at most {max_s:g} "
+            f"(RELAY_SERVING_CANARY_LEASE_MAX_S), got {lease_s!r}",
+        )
+    return CanaryLease(length, now + length)
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,7 @@ class RoutingTable(Generic[M]):
     canary: M | None = None
     baseline: M | None = None
     canary_weight: int = 0  # the baseline, when loaded, takes the same share
+    lease: CanaryLease | None = None  # what keeps canary_weight above 0; None at weight 0
     injections: dict[str, Injection] = field(default_factory=dict)  # never mutated: replaced
 
     def route(self, user_id: int) -> tuple[str, M] | None:
@@ -109,9 +143,10 @@ class RoutingTable(Generic[M]):
                     409,
                 )
             return replace(self, baseline=model)
-        return replace(self, canary=model, canary_weight=0)
+        return replace(self, canary=model, canary_weight=0, lease=None)
 
-    def with_weight(self, weight: int) -> RoutingTable[M]:
+    def with_weight(self, weight: int, lease: CanaryLease | None = None) -> RoutingTable[M]:
+        """The canary (and baseline) take `weight` % of users each, held by `lease`."""
         if type(weight) is not int or not 0 <= weight <= 100:
             raise RequestRejected("bad_weight", f"weight must be an integer 0-100, got {weight!r}")
         if weight > 0 and self.canary is None:
@@ -121,17 +156,44 @@ class RoutingTable(Generic[M]):
                 "bad_weight",
                 f"with a baseline the canary can take at most 50% of users (the baseline takes as many), got {weight}",
             )
-        return replace(self, canary_weight=weight)
+        return replace(self, canary_weight=weight, lease=lease if weight > 0 else None)
+
+    def renewed(self, lease: CanaryLease, now: float) -> RoutingTable[M]:
+        """The same weight held by a fresh lease; refused (409) when there is nothing to renew."""
+        if self.canary is None:
+            raise RequestRejected("no_canary", "no canary is loaded: nothing to renew", 409)
+        held = self.lease
+        if held is not None and held.lapsed:
+            raise RequestRejected(
+                "lease_expired",
+                f"the canary's {held.length_s:g} s lease ran out {now - held.until:.1f} s ago and "
+                "its weight went to 0: set the weight again with a new lease",
+                409,
+            )
+        if self.canary_weight == 0 or held is None:
+            raise RequestRejected(
+                "no_lease", "the canary takes no traffic (weight 0): no lease to renew", 409
+            )
+        return replace(self, lease=lease)
+
+    def lapsed(self, now: float) -> RoutingTable[M]:
+        """Weight 0 if the canary's lease has run out by `now`, else this same table."""
+        lease = self.lease
+        if lease is None or lease.lapsed or self.canary_weight == 0 or now < lease.until:
+            return self
+        return replace(self, canary_weight=0, lease=replace(lease, lapsed=True))
 
     def promoted(self) -> RoutingTable[M]:
         """The canary becomes stable; the canary and baseline slots empty."""
         if self.canary is None:
             raise RequestRejected("no_canary", "no canary is loaded: nothing to promote", 409)
-        return replace(self, stable=self.canary, canary=None, baseline=None, canary_weight=0)
+        return replace(
+            self, stable=self.canary, canary=None, baseline=None, canary_weight=0, lease=None
+        )
 
     def rolled_back(self) -> RoutingTable[M]:
         """Weight 0, canary and baseline unloaded. Rolling back with no canary changes nothing."""
-        return replace(self, canary=None, baseline=None, canary_weight=0)
+        return replace(self, canary=None, baseline=None, canary_weight=0, lease=None)
 
     def with_latency(self, slot: str, ms: float, factor: float = 1.0) -> RoutingTable[M]:
         """Requests of `slot` take `factor` times as long, plus `ms`."""

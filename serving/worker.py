@@ -2,7 +2,11 @@
 
 Everything here runs on the event loop thread except model loading (a worker thread) and the
 engine calls (each model's batcher thread). Admin operations are serialised by one lock and
-end in a single swap of the routing table.
+end in a single swap of the routing table. A watchdog task takes a canary whose lease ran out
+to weight 0 without that lock, so a slow load never delays it.
+
+Transports call `record` before they send an answer: it returns once the request's log row is
+in the operating system's hands (`logstore.spool.RequestLogWriter.append`).
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
-from serving.routing import SLOTS, Injection, RoutingTable, check_slot
+from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
 from serving.schema import PredictRequest, RequestRejected
 
 log = logging.getLogger("serving.worker")
 
 ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
+LEASE_CHECK_S = 0.1  # a lapsed canary keeps its users at most this much longer
 
 
 @dataclass(eq=False)
@@ -90,8 +95,10 @@ class Worker:
         store: ModelStore,
         metrics: ServingMetrics,
         log_writer: RequestLogWriter | None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
+        self.clock = clock  # what canary leases are measured on; tests pass their own
         self.store = store
         self.metrics = metrics
         self.log_writer = log_writer
@@ -102,8 +109,14 @@ class Worker:
         self._ids = itertools.count(1)
         self._admin_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
         self._started = time.time()
+        self.lease_expirations = 0
         metrics.watch(self.snapshot)
+
+    def start(self) -> None:
+        """Start the canary-lease watchdog on the running event loop."""
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_leases())
 
     # -- requests ------------------------------------------------------------------------------
     def exchange(self, transport: str) -> Exchange:
@@ -160,7 +173,10 @@ class Worker:
             done(ex)
 
     def record(self, ex: Exchange) -> None:
-        """Close the exchange: metrics and its inference_logs row, with the time split."""
+        """Close the exchange: metrics and its inference_logs row, with the time split.
+
+        Called before the answer is sent: once it returns, the row survives this process.
+        """
         now = time.perf_counter()
         latency = now - ex.t0
         batch = ex.batch
@@ -253,11 +269,62 @@ class Worker:
             )
             return {"changed": True, **self.state()}
 
-    async def set_weight(self, weight: int) -> dict[str, Any]:
+    async def set_weight(self, weight: int, lease_s: object = None) -> dict[str, Any]:
+        """Canary (and baseline) weight; above 0 it holds for `lease_s` seconds unless renewed."""
         async with self._admin_lock:
-            self._swap(self.table.with_weight(weight))
-            log.info("canary weight set to %d", weight)
+            max_s = self.settings.serving_canary_lease_max_s
+            lease = None if lease_s is None else grant_lease(lease_s, self.clock(), max_s)
+            table = self.table.with_weight(weight, lease)
+            if table.canary_weight > 0 and lease is None:
+                raise RequestRejected(
+                    "missing_field",
+                    "a canary weight above 0 holds only under a lease: the body needs "
+                    f"'lease_s' (seconds, at most {max_s:g}), renewed through /admin/renew",
+                )
+            self._swap(table)
+            if lease is not None and weight > 0:
+                log.info("canary weight set to %d, leased for %g s", weight, lease.length_s)
+            else:
+                log.info("canary weight set to %d", weight)
             return self.state()
+
+    async def renew(self, lease_s: object) -> dict[str, Any]:
+        """A fresh lease for the canary's current weight; 409 if it has none or it ran out."""
+        async with self._admin_lock:
+            self.expire_lease()  # a lease already past its end is over, whether or not noticed
+            now = self.clock()
+            lease = grant_lease(lease_s, now, self.settings.serving_canary_lease_max_s)
+            self._swap(self.table.renewed(lease, now))
+            log.debug("canary lease renewed for %g s", lease.length_s)
+            return self.state()
+
+    def expire_lease(self) -> bool:
+        """Take the canary's weight to 0 if its lease has run out; True if it did now."""
+        table = self.table
+        lapsed = table.lapsed(self.clock())
+        if lapsed is table:
+            return False
+        self._swap(lapsed)  # only the weight moves: stable, canary and baseline stay loaded
+        self.lease_expirations += 1
+        lease = table.lease
+        log.warning(
+            "canary %s: its %g s lease ran out without a renewal (is the release still "
+            "running?): weight %d -> 0; stable %s and baseline %s serve as before",
+            table.canary.version if table.canary else "?",
+            lease.length_s if lease else 0.0,
+            table.canary_weight,
+            table.stable.version if table.stable else "(none)",
+            table.baseline.version if table.baseline else "(none)",
+        )
+        return True
+
+    async def _watch_leases(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_CHECK_S)
+            try:
+                self.expire_lease()
+            except Exception:  # a bug here must not stop the watchdog for good
+                log.exception("canary lease check failed")
 
     async def promote(self) -> dict[str, Any]:
         async with self._admin_lock:
@@ -294,6 +361,11 @@ class Worker:
             return False, "no stable model is loaded"
         if self.log_writer is not None and self.log_writer.spool.over_cap:
             return False, "inference-log spool is over its cap: ingest it"
+        if self.log_writer is not None and self.log_writer.wal_error is not None:
+            return (
+                False,
+                f"cannot write log rows ahead, keeping them in memory: {self.log_writer.wal_error}",
+            )
         return True, "ready"
 
     def state(self) -> dict[str, Any]:
@@ -308,6 +380,7 @@ class Worker:
                 for slot in SLOTS
             },
             "canary_weight": t.canary_weight,
+            "canary_lease": self._lease_state(t),
             "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
             "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
             "batching": {
@@ -316,6 +389,20 @@ class Worker:
             },
             "request_log": self.log_writer is not None,
             "uptime_s": round(time.time() - self._started, 3),
+        }
+
+    def _lease_state(self, t: RoutingTable[Served]) -> dict[str, Any]:
+        lease = t.lease
+        left = lease.seconds_left(self.clock()) if lease is not None else None
+        return {
+            "lease_s": lease.length_s if lease is not None else None,
+            # wall clock, for people: when the weight lapses (or lapsed) without a renewal
+            "expires_at": (
+                round(time.time() + (lease.until - self.clock()), 3) if lease is not None else None
+            ),
+            "seconds_left": round(left, 3) if left is not None else None,
+            "lapsed": bool(lease and lease.lapsed),
+            "expirations": self.lease_expirations,
         }
 
     def snapshot(self) -> WorkerSnapshot:
@@ -327,6 +414,8 @@ class Worker:
             ready=self.ready()[0],
             queue_depth=sum(m.batcher.depth for m in t.models()),
             canary_weight=t.canary_weight,
+            canary_lease_seconds_left=t.lease.seconds_left(self.clock()) if t.lease else 0.0,
+            canary_lease_expirations=self.lease_expirations,
             injected_latency_ms={slot: t.injection(slot).ms for slot in SLOTS},
             injected_slowdown={slot: t.injection(slot).factor for slot in SLOTS},
             models=[
@@ -349,11 +438,15 @@ class Worker:
             spool_bytes=backlog.bytes if backlog else 0,
             spool_cap_bytes=writer.spool.max_bytes if writer else 0,
             spool_over_cap=bool(writer and writer.spool.over_cap),
+            log_wal_ok=not (writer and writer.wal_error),
+            log_wal_failures=stats.wal_failures if stats else 0,
         )
 
     async def close(self) -> None:
         """Stop taking requests, finish queued ones, free engines, write every log row."""
         self.draining = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         await asyncio.gather(*(m.batcher.close() for m in self.table.models()), *self._retiring)
         if self.log_writer is not None:
             await asyncio.to_thread(self.log_writer.close)

@@ -232,7 +232,8 @@ def take_canary_out(txn: Transaction) -> None:
 def set_canary_weight(settings: Settings, release: Release, weight: int) -> FleetResult:
     """Move every worker's canary weight, after checking they all serve the same ready canary."""
     with FleetClient.from_settings(settings) as fleet:
-        result = fleet.set_weight(weight)
+        # leased: it lapses on every worker unless analyse_canary_step renews it
+        result = fleet.set_weight(weight, lease_s=settings.serving_canary_lease_s)
     record(
         settings,
         release,

@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -422,18 +423,24 @@ def analyse_canary_step(
     urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
 
     def run_window() -> tuple[datetime, datetime]:
-        start = datetime.now(UTC)
-        if traffic is not None:
-            report = drive(urls, traffic)
-            if not report.sessions.empty:
-                from logstore.impact import insert_user_sessions
+        # The canary's weight is leased: renewed now, while the window runs and as it ends, so
+        # that it lapses on every worker within one lease of this process dying.
+        with ExitStack() as renewal:
+            if weight > 0:
+                fleet = renewal.enter_context(FleetClient.from_settings(settings))
+                renewal.enter_context(fleet.renewing(settings.serving_canary_lease_s))
+            start = datetime.now(UTC)
+            if traffic is not None:
+                report = drive(urls, traffic)
+                if not report.sessions.empty:
+                    from logstore.impact import insert_user_sessions
 
-                insert_user_sessions(
-                    logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
-                )
-        else:
-            time.sleep(window_s)
-        end = datetime.now(UTC)
+                    insert_user_sessions(
+                        logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
+                    )
+            else:
+                time.sleep(window_s)
+            end = datetime.now(UTC)
         time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
         return start, end
 

@@ -258,3 +258,64 @@ def test_promote_then_rollback_leaves_the_new_stable_serving(setup: Any) -> None
         assert w.stable_version == versions.variant.version and w.canary_version is None
     refused = fleet.promote()
     assert not refused.ok and refused.phase == "verify"
+
+
+def test_an_unrenewed_canary_leaves_both_workers_within_its_lease_while_stable_serves_on(
+    setup: Any,
+) -> None:
+    versions, workers, fleet = setup
+    reset(fleet, versions)
+    base, variant = versions.base.version, versions.variant.version
+    assert fleet.deploy_canary(variant, weight=0, baseline=base).ok
+    population = docs(60, seed=21)
+    answers: list[tuple[float, int, str]] = []  # when, HTTP status, slot
+    stop = threading.Event()
+
+    def traffic(w: WorkerProcess) -> None:
+        with httpx.Client(base_url=w.http_url, timeout=10) as http:
+            while not stop.is_set():
+                for doc in population:
+                    response = http.post("/v1/predict", json=doc)
+                    answers.append(
+                        (time.monotonic(), response.status_code, response.json().get("slot", ""))
+                    )
+
+    threads = [threading.Thread(target=traffic, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    dropped: dict[str, float] = {}
+    try:
+        assert fleet.set_weight(40, lease_s=2).ok
+        with fleet.renewing(lease_s=2, every_s=0.5) as renewals:
+            time.sleep(3.0)  # longer than one lease: the renewals hold the weight
+            assert {w.state["canary_weight"] for w in fleet.state().workers} == {40}
+        last_renewal = time.monotonic()  # the release "dies" here: nothing renews any more
+        assert len(renewals) >= 5 and all(r.ok for r in renewals)
+        while len(dropped) < len(workers) and time.monotonic() < last_renewal + 10:
+            for w in fleet.state().workers:
+                if w.state["canary_weight"] == 0:
+                    dropped.setdefault(w.url, time.monotonic())
+            time.sleep(0.02)
+        time.sleep(0.5)  # stable alone, under the same traffic
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+    assert len(dropped) == 2
+    for url, at in dropped.items():
+        assert 1.5 < at - last_renewal <= 2.0 + 1.0, (url, at - last_renewal)
+    assert answers and all(status == 200 for _, status, _ in answers)  # no failed request
+    before = {slot for at, _, slot in answers if at < last_renewal}
+    after = {slot for at, _, slot in answers if at > max(dropped.values()) + 0.2}
+    assert before == {"stable", "canary", "baseline"} and after == {"stable"}
+    for w in fleet.state().workers:  # weight 0, nothing unloaded: the release can still decide
+        assert (w.stable_version, w.canary_version, w.baseline_version) == (base, variant, base)
+        lease = w.state["canary_lease"]
+        assert lease["lapsed"] and lease["expirations"] >= 1 and lease["seconds_left"] == 0
+    late = fleet.renew(2)
+    assert not late.ok and {r.error for r in late.workers} == {"lease_expired"}
+    assert {w.state["canary_weight"] for w in fleet.state().workers} == {0}
+    for w in workers:
+        assert "lease ran out without a renewal" in w.log_text()
+        assert "relay_canary_lease_expirations_total" in httpx.get(f"{w.http_url}/metrics").text

@@ -1,8 +1,13 @@
-"""Request logs survive what production throws at them: a worker restart mid-traffic, an
-unreachable ClickHouse server, and a spool nobody ingests (loud, never lossy)."""
+"""Request logs survive what production throws at them: a worker restart mid-traffic, a worker
+SIGKILLed under load, an unreachable ClickHouse server, and a spool nobody ingests (loud, never
+lossy)."""
 
 from __future__ import annotations
 
+import os
+import random
+import re
+import signal
 import socket
 import threading
 import time
@@ -14,6 +19,7 @@ import pytest
 
 import logstore
 from logstore.spool import ingest_spool
+from relay.errors import ServingError
 from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
 from serving.process import WorkerProcess, start_worker
 from tests.integration.test_serving_worker import logged
@@ -107,6 +113,130 @@ def test_a_restart_during_traffic_loses_no_log_row(
     assert not missing, f"{len(missing)} answered requests have no log row: {missing[:5]}"
     assert all(len(r) == 1 for r in rows.values())
     assert "request log flushed" in first.log_text()
+
+
+def load(worker: WorkerProcess, tag: str, answered: list[str], stop: threading.Event) -> None:
+    """Requests until the worker dies or `stop`; the ids of those answered with a 200 in `answered`."""
+
+    def over_http(n: int) -> None:
+        doc = make_doc(n=5, seed=n)
+        with httpx.Client(base_url=worker.http_url, timeout=10) as http:
+            for i in range(1_000_000):
+                if stop.is_set():
+                    return
+                doc["request_id"] = f"{tag}-h{n}-{i}"
+                try:
+                    response = http.post("/v1/predict", json=doc)
+                except httpx.HTTPError:
+                    return  # killed
+                if response.status_code == 200:
+                    answered.append(doc["request_id"])
+
+    def over_binary() -> None:
+        try:
+            with BinaryClient(worker.binary_host, worker.binary_port) as client:
+                for chunk in range(1_000_000):
+                    if stop.is_set():
+                        return
+                    for answer in client.predict_many(requests(8, f"{tag}-b{chunk}"), window=8):
+                        if isinstance(answer, BinaryResult):
+                            answered.append(answer.request_id)
+        except (OSError, ServingError):
+            return  # killed: a chunk cut short is not counted as answered
+
+    threads = [threading.Thread(target=over_http, args=(n,)) for n in range(3)]
+    threads.append(threading.Thread(target=over_binary))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_under_load_has_a_row_for_every_answered_request(
+    published_version: Any, settings: Any, tmp_path: Path
+) -> None:
+    env = worker_env(
+        published_version, tmp_path, RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn
+    )
+    answered: list[str] = []
+    rng = random.Random(7)
+    logs = []
+    for kill in range(3):  # each restart recovers the file of the worker killed before it
+        worker = start_worker(env, tmp_path / f"worker{kill}.log")
+        worker.wait_ready()
+        stop = threading.Event()
+        sender = threading.Thread(
+            target=load, args=(worker, f"killed-{kill}-{time.time_ns()}", answered, stop)
+        )
+        sender.start()
+        time.sleep(rng.uniform(0.8, 1.6))  # somewhere inside a 500 ms flush interval
+        os.kill(worker.process.pid, signal.SIGKILL)
+        sender.join(timeout=30)
+        stop.set()
+        worker.stop()
+        logs.append(worker.log_text())
+    # The last one's file is recovered by the reader, which ingests (as the release does).
+    rows = logged(settings, tmp_path / "spool", answered, timeout_s=10)
+    assert len(answered) > 300
+    missing = [rid for rid in answered if rid not in rows]
+    assert not missing, f"{len(missing)} of {len(answered)} answered requests have no row"
+    assert all(len(r) == 1 for r in rows.values()), "a row was logged twice"
+    recovered = [
+        int(m)
+        for log in logs
+        for m in re.findall(r"write-ahead file\(s\) of stopped workers in \S+: (\d+) rows", log)
+    ]
+    assert len(recovered) == 2 and all(n > 0 for n in recovered)  # rows that lived only there
+    assert not list((tmp_path / "spool").glob("*.wal*"))
+
+
+def test_a_spool_folder_that_cannot_be_written_takes_the_worker_out_and_keeps_its_rows(
+    published_version: Any, settings: Any, tmp_path: Path
+) -> None:
+    env = worker_env(
+        published_version,
+        tmp_path,
+        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
+        RELAY_SERVING_LOG_FLUSH_MS="100",
+    )
+    worker = start_worker(env, tmp_path / "worker.log")
+    spool, aside = tmp_path / "spool", tmp_path / "spool-aside"
+    tag = f"unwritable-{time.time_ns()}"
+    sent = []
+    try:
+        worker.wait_ready()
+        with httpx.Client(base_url=worker.http_url, timeout=10) as http:
+            spool.rename(aside)
+            spool.write_text("not a folder")  # nothing can be created in it now
+            deadline = time.monotonic() + 10
+            for i in range(10_000):
+                doc = make_doc(n=2, seed=i)
+                doc["request_id"] = f"{tag}-{i}"
+                assert http.post("/v1/predict", json=doc).status_code == 200  # still answering
+                sent.append(doc["request_id"])
+                if http.get("/readyz").status_code == 503 or time.monotonic() > deadline:
+                    break
+            not_ready = http.get("/readyz")
+            assert not_ready.status_code == 503 and "write-ahead" in not_ready.json()["reason"]
+            assert "relay_log_wal_ok 0.0" in http.get("/metrics").text
+            for i in range(20):  # a load balancer takes a moment: these rows wait in memory
+                doc = make_doc(n=2, seed=i)
+                doc["request_id"] = f"{tag}-late-{i}"
+                assert http.post("/v1/predict", json=doc).status_code == 200
+                sent.append(doc["request_id"])
+            spool.unlink()
+            aside.rename(spool)
+            deadline = time.monotonic() + 10
+            while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert http.get("/readyz").status_code == 200  # writable again: back in rotation
+    finally:
+        worker.stop()
+    rows = logged(settings, spool, sent, timeout_s=10)
+    assert len(sent) > 20 and sorted(rows) == sorted(sent)
+    assert all(len(r) == 1 for r in rows.values())
+    assert "cannot write the request-log write-ahead file" in worker.log_text()
 
 
 @pytest.fixture

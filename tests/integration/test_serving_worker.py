@@ -261,6 +261,43 @@ def test_admin_load_of_an_unknown_version_is_404_and_changes_nothing(
     assert not_json.status_code == 400 and not_json.json()["error"] == "bad_json"
 
 
+def test_a_canary_weight_needs_a_valid_lease_and_bad_ones_change_nothing(
+    http: httpx.Client, published_version: Any
+) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    version = published_version.manifest.version
+    try:
+        loaded = http.post("/admin/load", json={"slot": "canary", "version": version}, headers=auth)
+        assert loaded.status_code == 200, loaded.text
+        renew = http.post("/admin/renew", json={"lease_s": 30}, headers=auth)
+        assert renew.status_code == 409 and renew.json()["error"] == "no_lease"  # weight 0
+        for body, status, code in (
+            ({"weight": 20}, 400, "missing_field"),
+            ({"weight": 20, "lease_s": 0}, 400, "bad_lease"),
+            ({"weight": 20, "lease_s": -3}, 400, "bad_lease"),
+            ({"weight": 20, "lease_s": 601}, 400, "bad_lease"),  # above the default maximum
+            ({"weight": 20, "lease_s": "60"}, 400, "bad_lease"),
+        ):
+            refused = http.post("/admin/weight", json=body, headers=auth)
+            assert (refused.status_code, refused.json()["error"]) == (status, code), body
+            assert refused.json()["detail"]
+        state = http.get("/admin/state", headers=auth).json()
+        assert state["canary_weight"] == 0 and state["canary_lease"]["lease_s"] is None
+        held = http.post("/admin/weight", json={"weight": 20, "lease_s": 60}, headers=auth).json()
+        assert held["canary_weight"] == 20 and held["canary_lease"]["lease_s"] == 60
+        assert 59 < held["canary_lease"]["seconds_left"] <= 60
+        assert held["canary_lease"]["expires_at"] == pytest.approx(time.time() + 60, abs=5)
+        missing = http.post("/admin/renew", json={}, headers=auth)
+        assert missing.status_code == 400 and missing.json()["error"] == "missing_field"
+        renewed = http.post("/admin/renew", json={"lease_s": 120}, headers=auth).json()
+        assert renewed["canary_weight"] == 20 and renewed["canary_lease"]["seconds_left"] > 119
+        assert "relay_canary_lease_seconds_left 1" in http.get("/metrics").text
+        zero = http.post("/admin/weight", json={"weight": 0}, headers=auth)  # no lease needed
+        assert zero.status_code == 200 and zero.json()["canary_lease"]["seconds_left"] is None
+    finally:
+        http.post("/admin/rollback", headers=auth)
+
+
 def test_a_version_that_cannot_load_is_refused_and_serving_carries_on(
     http: httpx.Client, published_version: Any, tmp_path: Path
 ) -> None:
@@ -493,9 +530,10 @@ def test_baseline_cohort_is_served_logged_shown_and_leaves_with_the_canary(
         for slot in ("canary", "baseline"):  # the same version again: its own engine and batcher
             loaded = http.post("/admin/load", json={"slot": slot, "version": version}, headers=auth)
             assert loaded.status_code == 200, loaded.text
-        refused = http.post("/admin/weight", json={"weight": 60}, headers=auth)
+        refused = http.post("/admin/weight", json={"weight": 60, "lease_s": 60}, headers=auth)
         assert refused.status_code == 400 and "at most 50%" in refused.json()["detail"]
-        assert http.post("/admin/weight", json={"weight": 30}, headers=auth).status_code == 200
+        set_30 = http.post("/admin/weight", json={"weight": 30, "lease_s": 60}, headers=auth)
+        assert set_30.status_code == 200
         state = http.get("/admin/state", headers=auth).json()
         assert state["slots"]["baseline"]["version"] == version and state["canary_weight"] == 30
         slots: dict[str, int] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ class FakeWorker:
     canary: str | None = None
     baseline: str | None = None
     weight: int = 0
+    lease_s: float | None = None
+    renewals: list[float] = field(default_factory=list)
     refuse_loads: bool = False
     max_models: int = 3
     unreachable: bool = False
@@ -69,7 +72,13 @@ class FakeWorker:
         elif path == "/admin/weight":
             if self.canary is None and body["weight"] > 0:
                 return httpx.Response(409, json={"error": "no_canary", "detail": ""})
-            self.weight = body["weight"]
+            if body["weight"] > 0 and "lease_s" not in body:
+                return httpx.Response(400, json={"error": "missing_field", "detail": "lease_s"})
+            self.weight, self.lease_s = body["weight"], body.get("lease_s")
+        elif path == "/admin/renew":
+            if self.weight == 0:
+                return httpx.Response(409, json={"error": "lease_expired", "detail": "ran out"})
+            self.renewals.append(body["lease_s"])
         elif path == "/admin/promote":
             self.stable, self.canary, self.baseline, self.weight = self.canary, None, None, 0
         elif path == "/admin/rollback":
@@ -77,10 +86,10 @@ class FakeWorker:
         return httpx.Response(200, json=self.state())
 
 
-def fleet_of(*workers: FakeWorker, token: str = TOKEN) -> FleetClient:
+def fleet_of(*workers: FakeWorker, token: str = TOKEN, lease_s: float = 90.0) -> FleetClient:
     by_host = {httpx.URL(w.url).host: w for w in workers}
     transport = httpx.MockTransport(lambda r: by_host[r.url.host].handle(r))
-    return FleetClient([w.url for w in workers], token, transport=transport)
+    return FleetClient([w.url for w in workers], token, transport=transport, lease_s=lease_s)
 
 
 def two() -> tuple[FakeWorker, FakeWorker]:
@@ -214,3 +223,53 @@ def test_set_weight_refuses_when_workers_hold_different_baselines() -> None:
         result = fleet.set_weight(25)
     assert not result.ok and "different baseline versions" in result.reason
     assert a.weight == b.weight == 0
+
+
+def test_every_weight_goes_out_with_the_clients_lease_unless_given_one() -> None:
+    a, b = two()
+    fleet = fleet_of(a, b, lease_s=45)
+    assert fleet.deploy_canary("v2", weight=5).ok and (a.lease_s, b.lease_s) == (45, 45)
+    assert fleet.set_weight(25, lease_s=12.5).ok and (a.weight, a.lease_s) == (25, 12.5)
+    assert fleet.renew().ok and a.renewals == b.renewals == [45]
+    assert fleet.renew(7).ok and a.renewals == [45, 7]
+
+
+def test_the_default_lease_is_the_setting() -> None:
+    fleet = FleetClient.from_settings(
+        Settings(
+            serving_fleet_urls="http://a:1",
+            serving_admin_token="x",  # type: ignore[arg-type]
+            serving_canary_lease_s=33,
+        )
+    )
+    assert fleet.lease_s == 33
+    assert FleetClient(["http://a:1"], "x").lease_s == Settings().serving_canary_lease_s
+
+
+def test_a_lease_longer_than_the_maximum_is_a_configuration_error() -> None:
+    with pytest.raises(ValueError, match="CANARY_LEASE_MAX_S"):
+        Settings(serving_canary_lease_s=700, serving_canary_lease_max_s=600)
+
+
+def test_renewing_renews_at_the_start_periodically_and_at_the_end() -> None:
+    a, b = two()
+    fleet = fleet_of(a, b, lease_s=30)
+    assert fleet.deploy_canary("v2", weight=5).ok
+    with fleet.renewing(every_s=0.02) as results:
+        assert len(a.renewals) == 1  # before the block's first statement
+        deadline = time.monotonic() + 5
+        while len(a.renewals) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(a.renewals) >= 4 and set(a.renewals) == {30}
+    assert all(r.ok for r in results) and len(results) == len(a.renewals)
+
+
+def test_a_block_that_fails_gets_no_final_renewal_and_a_lost_lease_is_reported() -> None:
+    a, b = two()
+    fleet = fleet_of(a, b)
+    assert fleet.deploy_canary("v2", weight=5).ok
+    b.weight = 0  # b's lease ran out
+    with pytest.raises(RuntimeError), fleet.renewing(every_s=60) as results:
+        raise RuntimeError("analysis failed")
+    assert len(results) == 1 and not results[0].ok and "lease_expired" in results[0].reason
+    assert len(a.renewals) == 1

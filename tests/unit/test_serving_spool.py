@@ -188,7 +188,8 @@ def test_server_down_spools_and_server_back_drains_the_spool(tmp_path: Path) -> 
     writer.flush()
     assert sorted(server.request_ids()) == sorted(r[1] for r in first + second)
     assert writer.stats.rows_inserted == 3 and writer.stats.rows_drained == 6
-    assert not list(tmp_path.iterdir())
+    writer.close()
+    assert not list(tmp_path.iterdir())  # no segment, no write-ahead file left behind
 
 
 def test_unreachable_at_connect_time_is_the_same_as_down(tmp_path: Path) -> None:
@@ -216,7 +217,7 @@ def test_when_server_and_disk_both_fail_rows_stay_buffered(tmp_path: Path) -> No
     server.down = True
     writer = writer_for(tmp_path, server)
 
-    def broken(_: Any) -> Path:
+    def broken(*_: Any) -> Path:
         raise OSError("disk full")
 
     working = writer.spool.write
