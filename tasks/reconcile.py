@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from prefect import task
+from prefect import Flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -35,11 +36,11 @@ from prefect.client.schemas.filters import (
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import FlowRun, State, StateType
 
 import logstore
 from logstore.release_events import last_release_of
-from relay.settings import Settings
+from relay.settings import Settings, get_settings
 from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult, WorkerResult
 from tasks.canary import fleet_details, record
@@ -234,6 +235,33 @@ def reconcile_fleet(
         description="What the release guard found on the serving fleet and what it repaired",
     )
     return gate
+
+
+def take_out_canary_of_dead_release(flow: Flow[Any, Any], flow_run: FlowRun, state: State) -> None:
+    """The release flow's on_crashed / on_cancellation hook: its own canary out of every worker.
+
+    Runs only where the dying process lives long enough (SIGTERM, an exception that crashes the
+    engine, a cancellation); after a SIGKILL the canary's lease and the guard do the same. A
+    canary deployed by another release is not this hook's to take out.
+    """
+    settings = get_settings()
+    with FleetClient.from_settings(settings) as fleet:
+        canaries = {v for w in fleet.state().workers if (v := w.canary_version) is not None}
+        for canary in sorted(canaries):
+            owner = _owner_of(settings, canary)
+            if owner is None or owner.release_id != str(flow_run.id):
+                continue
+            result = fleet.rollback()
+            record(
+                settings,
+                owner,
+                "crashed",
+                "done" if result.ok else "partial",
+                f"release run {flow_run.name} ended {state.type.value}"
+                f" ({state.message or 'no message'}): its canary {canary} taken out by the "
+                f"flow's hook; champion unchanged",
+                **fleet_details(result),
+            )
 
 
 def _apply(fleet: FleetClient, repair: PlannedRepair, champion: str | None) -> FleetResult:

@@ -5,21 +5,25 @@ does not answer is an `error` naming it."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Crashed
 from pydantic import SecretStr
 
 import logstore
+from flows.release import retrain_and_release
 from logstore.release_events import events_of_release
 from relay.settings import Settings
 from relay.types import Release, Verdict
 from serving.fleet import FleetClient
 from serving.process import WorkerProcess, start_worker
 from tasks.canary import record
-from tasks.reconcile import reconcile_fleet
+from tasks.reconcile import reconcile_fleet, take_out_canary_of_dead_release
 from tests.integration.test_serving_fleet import docs, publish_variant
 
 TOKEN = "reconcile-token-5e1"
@@ -115,6 +119,29 @@ def test_a_live_releases_canary_is_left_alone(fleet):
             assert {w.canary_version for w in client.state().workers} == {canary}
         finally:
             assert client.rollback().ok
+
+
+def test_a_crashing_release_takes_out_only_its_own_canary_in_its_hook(fleet, monkeypatch):
+    workers, settings, stable, canary = fleet
+    urls = [w.http_url for w in workers]
+    monkeypatch.setattr("tasks.reconcile.get_settings", lambda: settings)
+    run = FlowRun(id=uuid.uuid4(), flow_id=uuid.uuid4(), name="dying-release")
+    with FleetClient(urls, TOKEN) as client:
+        assert client.deploy_canary(canary, weight=5, baseline=stable, lease_s=60).ok
+        record(settings, Release("another-release", canary, "l"), "deploy", "passed", "not ours")
+        take_out_canary_of_dead_release(retrain_and_release, run, Crashed(message="SIGTERM"))
+        assert {w.canary_version for w in client.state().workers} == {canary}  # not its canary
+
+        record(settings, Release(str(run.id), canary, "l"), "deploy", "passed", "ours")
+        take_out_canary_of_dead_release(retrain_and_release, run, Crashed(message="SIGTERM"))
+        after = client.state().workers
+    assert {(w.stable_version, w.canary_version) for w in after} == {(stable, None)}
+    events = events_of_release(logstore.connect(settings.resolved_clickhouse_dsn), str(run.id))
+    crashed = [e for e in events if e.kind == "crashed"]
+    assert [e.verdict for e in crashed] == ["done"]
+    assert (
+        "ended CRASHED (SIGTERM)" in crashed[0].reason and "champion unchanged" in crashed[0].reason
+    )
 
 
 def test_a_worker_that_does_not_answer_is_an_error_naming_it(fleet):
