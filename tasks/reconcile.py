@@ -110,26 +110,22 @@ def plan_reconciliation(
     seen = [w for w in workers if w.reachable]
     repairs: list[PlannedRepair] = []
     left_alone: list[str] = []
-    live = ", ".join(live_releases)
+
+    def repair_unless_live(action: Repair, off: list[WorkerView], found: str, why: str) -> None:
+        if live_releases:  # the release owns the fleet while it runs
+            left_alone.append(f"{found}: release {', '.join(live_releases)} is live")
+        else:
+            repairs.append(PlannedRepair(action, tuple(w.url for w in off), found + why))
 
     with_canary = [w for w in seen if w.canary or w.baseline or w.canary_weight > 0]
     canaries = sorted({w.canary or "(baseline only)" for w in with_canary})
     if with_canary:
         where = ", ".join(f"{w.url} (weight {w.canary_weight})" for w in with_canary)
-        if live_releases:
-            left_alone.append(f"canary {'/'.join(canaries)} on {where}: release {live} is live")
-        else:
-            repairs.append(
-                PlannedRepair(
-                    Repair.take_canary_out,
-                    tuple(w.url for w in with_canary),
-                    f"canary {'/'.join(canaries)} on {where} with no live release",
-                )
-            )
+        found = f"canary {'/'.join(canaries)} on {where}"
+        repair_unless_live(Repair.take_canary_out, with_canary, found, " with no live release")
 
-    stables = {w.stable for w in seen}
     if champion is None:
-        if len(stables - {None}) > 1:
+        if len({w.stable for w in seen} - {None}) > 1:
             problems.append(
                 "workers disagree on stable and there is no champion to restore: "
                 + ", ".join(f"{w.url} serves {w.stable or 'nothing'}" for w in seen)
@@ -138,16 +134,8 @@ def plan_reconciliation(
         off = [w for w in seen if w.stable != champion]
         if off:
             where = ", ".join(f"{w.url} serves {w.stable or 'nothing'}" for w in off)
-            if live_releases:
-                left_alone.append(f"stable is not champion {champion} on {where}: {live} is live")
-            else:
-                repairs.append(
-                    PlannedRepair(
-                        Repair.restore_stable,
-                        tuple(w.url for w in off),
-                        f"stable is not champion {champion} on {where}",
-                    )
-                )
+            found = f"stable is not champion {champion} on {where}"
+            repair_unless_live(Repair.restore_stable, off, found, "")
     return Reconciliation(
         tuple(repairs),
         tuple(problems),
