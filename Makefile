@@ -7,6 +7,9 @@ export PREFECT_API_URL ?= http://127.0.0.1:$(PREFECT_PORT)/api
 export PREFECT_HOME    ?= $(CURDIR)/.relay/prefect
 export RELAY_PREFECT_UI_URL ?= http://127.0.0.1:$(PREFECT_PORT)
 export RELAY_LOCAL_SERVING_PORTS ?= 8711 8712
+# Flow runs (the demo's, and the pool worker's children) heartbeat every 30 s, Prefect's minimum:
+# deployments/automations.yaml marks a release that misses three Crashed.
+export PREFECT_FLOWS_HEARTBEAT_FREQUENCY ?= 30
 comma := ,
 space := $(subst ,, )
 export RELAY_SERVING_FLEET_URLS ?= $(subst $(space),$(comma),$(foreach p,$(RELAY_LOCAL_SERVING_PORTS),http://127.0.0.1:$(p)))

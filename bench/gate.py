@@ -342,37 +342,39 @@ def record_loads(bench: Bench, seconds: float) -> list[Load]:
         deployed = fleet.deploy_canary(bench.twin, weight=50, baseline=bench.stable)
         if not deployed.ok:
             raise SystemExit(f"canary deploy failed: {deployed.reason}")
-        for name, rps, concurrency in (("light", 40.0, 8), ("heavy", 1000.0, 32)):
-            start = datetime.now(UTC)
-            report = drive(
-                bench.urls,
-                LiveTraffic(
-                    rate_rps=rps,
-                    duration_s=seconds,
-                    concurrency=concurrency,
-                    seed=11,
-                    max_requests=int(rps * seconds),
-                ),
-            )
-            end = datetime.now(UTC)
-            time.sleep(1.0)
-            client = connect_for_reading(
-                settings.resolved_clickhouse_dsn, settings.resolved_spool_dir
-            )
-            rows = client.query(
-                "SELECT slot, toUnixTimestamp64Milli(ts) / 1000, user_id, latency_ms, status "
-                "FROM inference_logs WHERE ts >= {s:DateTime64(3, 'UTC')} "
-                "AND ts < {e:DateTime64(3, 'UTC')} AND slot IN ('canary', 'baseline') ORDER BY ts",
-                parameters={"s": start, "e": end},
-            ).result_rows
-            by_slot = {
-                slot: Recording.of([r[1:] for r in rows if r[0] == slot])
-                for slot in ("canary", "baseline")
-            }
-            loads.append(
-                Load(name, by_slot["canary"], by_slot["baseline"], report.requests / seconds)
-            )
-            print(f"recorded {name}: {json.dumps(loads[-1].summary())}")
+        # the weight is leased: renewed while the loads run, or it lapses after a lease
+        with fleet.renewing():
+            for name, rps, concurrency in (("light", 40.0, 8), ("heavy", 1000.0, 32)):
+                start = datetime.now(UTC)
+                report = drive(
+                    bench.urls,
+                    LiveTraffic(
+                        rate_rps=rps,
+                        duration_s=seconds,
+                        concurrency=concurrency,
+                        seed=11,
+                        max_requests=int(rps * seconds),
+                    ),
+                )
+                end = datetime.now(UTC)
+                time.sleep(1.0)
+                client = connect_for_reading(
+                    settings.resolved_clickhouse_dsn, settings.resolved_spool_dir
+                )
+                rows = client.query(
+                    "SELECT slot, toUnixTimestamp64Milli(ts) / 1000, user_id, latency_ms, status "
+                    "FROM inference_logs WHERE ts >= {s:DateTime64(3, 'UTC')} "
+                    "AND ts < {e:DateTime64(3, 'UTC')} AND slot IN ('canary', 'baseline') ORDER BY ts",
+                    parameters={"s": start, "e": end},
+                ).result_rows
+                by_slot = {
+                    slot: Recording.of([r[1:] for r in rows if r[0] == slot])
+                    for slot in ("canary", "baseline")
+                }
+                loads.append(
+                    Load(name, by_slot["canary"], by_slot["baseline"], report.requests / seconds)
+                )
+                print(f"recorded {name}: {json.dumps(loads[-1].summary())}")
         fleet.rollback()
     return loads
 

@@ -1,4 +1,8 @@
-"""release_guard: after promotion, watch the champion and roll back when the rules say so."""
+"""release_guard: reconcile the fleet with the store, watch the champion, roll back when the rules say so.
+
+Besides its schedule, the guard runs when a `retrain-and-release` run crashes (the deployment
+trigger in prefect.yaml): its reconciliation takes the dead release's canary out.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from relay.settings import get_settings
-from relay.types import GateResult, Verdict
+from relay.types import GateResult, Release, Verdict
 from tasks.guard import (
     GuardLimits,
     assess_champion_quality,
@@ -18,6 +22,7 @@ from tasks.guard import (
     read_champion,
     report_no_rollback_target,
 )
+from tasks.reconcile import find_live_releases, reconcile_fleet
 from tasks.rollback import choose_rollback_target, roll_back_champion
 from tasks.workdir import run_workdir
 
@@ -34,7 +39,7 @@ def release_guard(
     max_auc_drop: Annotated[float, Field(ge=0, le=1)] = LIMITS.max_auc_drop,
     min_traffic_share: Annotated[float, Field(ge=0, le=1)] = LIMITS.min_traffic_share,
 ) -> GateResult:
-    """Check the champion's live SLO and quality; roll back to the previous blessed version on failure."""
+    """Reconcile the fleet; check the champion's live SLO and quality; roll back on failure."""
     settings = get_settings()
     limits = GuardLimits(
         max_p95_ms=slo_p95_ms,
@@ -43,8 +48,17 @@ def release_guard(
         max_auc_drop=max_auc_drop,
         min_traffic_share=min_traffic_share,
     )
-    champion = read_champion(settings, f"guard-{flow_run.id}")
+    guard_id = f"guard-{flow_run.id}"
+    champion = read_champion(settings, guard_id)
+    fleet = reconcile_fleet(
+        settings,
+        champion or Release(guard_id, "", ""),
+        champion.version if champion else None,
+        find_live_releases(),
+    )
     if champion is None:
+        if fleet.verdict is Verdict.error:
+            return fleet
         return GateResult(
             gate="guard", verdict=Verdict.inconclusive, reason="no champion yet: nothing to guard"
         )
@@ -57,7 +71,7 @@ def release_guard(
         limits,
         run_workdir(settings),
     )
-    decision = decide_guard(settings, champion, live, quality)
+    decision = decide_guard(settings, champion, live, quality, fleet)
     if decision.verdict is not Verdict.failed:
         return decision
     target = choose_rollback_target(settings, None, champion.release_id)

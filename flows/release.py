@@ -2,7 +2,10 @@
 
 The body reads like the release checklist. It branches only on typed verdicts; every number is
 computed in a task. The canary runs inside a Prefect transaction: a rejected canary raises, and
-the deploy task's on_rollback hook takes the canary out of every worker.
+the deploy task's on_rollback hook takes the canary out of every worker. A run that crashes or is
+cancelled takes its canary out in its on_crashed / on_cancellation hook; one killed outright
+leaves it to the canary's lease (weight 0 on every worker within one lease) and to the release
+guard, which Prefect runs when the run is marked Crashed (tasks/reconcile.py).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tasks.data import DataLimits, read_training_window, validate_training_data,
 from tasks.export import export_onnx
 from tasks.impact_types import ImpactOptions
 from tasks.lineage import compute_lineage
+from tasks.reconcile import take_out_canary_of_dead_release
 from tasks.registry import register_candidate
 from tasks.rollback import record_rollback
 from tasks.summary import ReleaseSummary, finish_release, publish_release_summary
@@ -64,7 +68,13 @@ BLESSING = CalibrationThresholds()
 IMPACT = ImpactOptions()
 
 
-@flow(name="retrain-and-release", log_prints=True)
+@flow(
+    name="retrain-and-release",
+    log_prints=True,
+    # where the process outlives its crash; after a SIGKILL the lease and the guard do it
+    on_crashed=[take_out_canary_of_dead_release],
+    on_cancellation=[take_out_canary_of_dead_release],
+)
 def retrain_and_release(
     window_days: Annotated[float, Field(gt=0, le=90)] = 7.0,
     window_end: datetime | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -63,16 +64,33 @@ def record_event(client: Client, event: ReleaseEvent) -> None:
 def events_of_release(client: Client, release_id: str) -> list[ReleaseEvent]:
     """A release's events, oldest first."""
     rows = client.query(_BY_RELEASE_SQL, parameters={"release_id": release_id}).result_rows
-    return [
-        ReleaseEvent(
-            ts=ts,
-            release_id=rid,
-            model_version=version,
-            lineage_id=lineage,
-            kind=kind,
-            verdict=verdict,
-            reason=reason,
-            details=json.loads(details),
-        )
-        for ts, rid, version, lineage, kind, verdict, reason, details in rows
-    ]
+    return [_event(row) for row in rows]
+
+
+_LAST_OF_VERSION_SQL = """
+SELECT ts, release_id, model_version, lineage_id, kind, verdict, reason, details
+FROM release_events WHERE model_version = {version:String} AND kind = {kind:String}
+ORDER BY ts DESC LIMIT 1
+"""
+
+
+def last_release_of(client: Client, version: str, kind: str) -> ReleaseEvent | None:
+    """The latest `kind` event of `version` (e.g. the deploy that put it on the fleet), or None."""
+    rows = client.query(
+        _LAST_OF_VERSION_SQL, parameters={"version": version, "kind": kind}
+    ).result_rows
+    return _event(rows[0]) if rows else None
+
+
+def _event(row: Sequence[Any]) -> ReleaseEvent:
+    ts, release_id, version, lineage, kind, verdict, reason, details = row
+    return ReleaseEvent(
+        ts=ts,
+        release_id=release_id,
+        model_version=version,
+        lineage_id=lineage,
+        kind=kind,
+        verdict=verdict,
+        reason=reason,
+        details=json.loads(details),
+    )

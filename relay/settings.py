@@ -121,7 +121,9 @@ class Settings(BaseSettings):
         default=90.0,
         gt=0.0,
         description="How long a canary weight above 0 holds on a worker unless the release renews "
-        "it (it does while it watches the canary): 4.5 analysis windows of 20 s.",
+        "it. The release renews every third of it while a window runs and once as the window "
+        "ends, so it must outlast the judging between two windows (seconds); a release that dies "
+        "leaves no worker on the canary for longer than this plus one renewal period.",
     )
     serving_canary_lease_max_s: float = Field(
         default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."

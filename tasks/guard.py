@@ -152,9 +152,13 @@ def quality_rule(
     )
 
 
-def decide(live: GateResult, quality: GateResult) -> GateResult:
-    """The guard's verdict: error, else failed (roll back), else passed only if both rules passed."""
-    rules = (live, quality)
+def decide(live: GateResult, quality: GateResult, fleet: GateResult | None = None) -> GateResult:
+    """The guard's verdict: error, else failed (roll back), else passed only if every rule passed.
+
+    `fleet` is the reconciliation's verdict (`tasks.reconcile`): its error (a worker that cannot
+    be read or repaired) is the guard's error, and no champion rollback starts on such a fleet.
+    """
+    rules = (live, quality) if fleet is None else (fleet, live, quality)
     for verdict in (Verdict.error, Verdict.failed):
         hit = [g for g in rules if g.verdict is verdict]
         if hit:
@@ -184,10 +188,10 @@ def decide(live: GateResult, quality: GateResult) -> GateResult:
 
 @task(name="decide-guard", cache_policy=NO_CACHE)
 def decide_guard(
-    settings: Settings, champion: Release, live: GateResult, quality: GateResult
+    settings: Settings, champion: Release, live: GateResult, quality: GateResult, fleet: GateResult
 ) -> GateResult:
     """The guard's decision, recorded."""
-    decision = decide(live, quality)
+    decision = decide(live, quality, fleet)
     record(settings, champion, "guard", decision.verdict.value, decision.reason)
     return decision
 

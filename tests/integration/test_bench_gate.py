@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.deployed_stack import REPO
+from relay_testing.deployed_stack import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -4,12 +4,14 @@ The stack (deployed_stack.py) runs the scripts behind `make up`: a Prefect serve
 loopback port, pools `cpu` and `gpu`, `prefect deploy --all`, a `cpu` pool worker, and two
 serving workers. Releases are triggered with `prefect deployment run`, as the schedule or an
 on-call engineer would; each flow run is a subprocess of the pool worker. Tests run in order and
-share the stack: each starts from the state the previous one left.
+share the stack: each starts from the state the previous one left. The last one loses the pool
+worker's host mid-canary and watches Prefect's automations clean up after it.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.deployed_stack import REPO, DeployedStack, finish, outcome_of
+from relay_testing.deployed_stack import REPO, DeployedStack, finish, outcome_of
 from tests.integration.release_params import END, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
@@ -26,6 +28,7 @@ SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 RELEASE = "retrain-and-release/retrain-and-release"
 ROLLBACK = "rollback/rollback"
+GUARD = "release-guard/release-guard"
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
 # Small data, one short canary step with the embedded shoppers driving traffic (the deployment's
 # own default is simulate_traffic=false: production reads real traffic).
@@ -196,3 +199,62 @@ def test_rollback_deployment_moves_champion_back(stack, versions):
         "e2e: on-call rolls back",
     )
     assert stack.fleet_stable() == {versions["first"]}
+
+
+def test_deploy_creates_the_crash_automations(stack):
+    automations = {a["name"]: a for a in stack.api("POST", "/automations/filter", {})}
+    silent = automations["relay-silent-release-is-crashed"]
+    assert silent["trigger"]["posture"] == "Proactive" and silent["trigger"]["within"] == 90
+    assert [a["type"] for a in silent["actions"]] == ["change-flow-run-state"]
+    guard = stack.api("GET", f"/deployments/name/{GUARD}")
+    reaction = automations["relay-guard-after-a-crashed-release"]
+    assert reaction["trigger"]["expect"] == ["prefect.flow-run.Crashed"]
+    assert [(a["type"], a["deployment_id"]) for a in reaction["actions"]] == [
+        ("run-deployment", guard["id"])
+    ]
+    # deploying again replaces them rather than piling up copies
+    stack._script("deploy.sh", timeout_s=240)
+    names = [a["name"] for a in stack.api("POST", "/automations/filter", {})]
+    assert sorted(names) == sorted(automations)
+
+
+def test_a_release_whose_host_is_lost_mid_canary_is_crashed_and_its_canary_taken_out(
+    stack, versions
+):
+    """SIGKILL the pool worker and the release's flow process together (a lost host): nothing
+    marks the run but the heartbeat automation; the guard it triggers takes the canary out."""
+    champion = stack.store().get_alias("champion")
+    run_id = stack.run_deployment(
+        RELEASE,
+        {**SMALL, "seed": 3, "analysis_window_s": 30.0, "max_windows_per_step": 10},
+    )
+    stack.wait_for(lambda: stack.canary_weights() == {50}, 300, "the canary at 50 %")
+    killed_at = time.monotonic()
+    stack.kill_pool_worker()
+    stack.start_pool_worker()  # a new host takes over the pool; the old run is not its business
+
+    stack.wait_for(lambda: stack.canary_weights() == {0}, 150, "weight 0 on every worker")
+    assert time.monotonic() - killed_at <= 90 + 30 + 5  # one lease plus one renewal period
+    run = stack.wait_for_run(run_id, timeout_s=240)
+    assert run["state_type"] == "CRASHED" and "no heartbeat" in run["state"]["message"]
+
+    guards = stack.wait_for(
+        lambda: [r for r in stack.flow_runs_of(GUARD) if r["state_type"] == "COMPLETED"],
+        240,
+        "a guard run after the crash",
+    )
+    said = str(stack.artifacts(guards[0]["id"])["fleet-reconciliation"]["data"])
+    assert "repaired: canary" in said and "with no live release" in said, said
+    assert {(w.stable_version, w.canary_version) for w in stack.fleet_state()} == {(champion, None)}
+    assert stack.store().get_alias("champion") == champion
+    rows = stack.release_events(run_id)
+    assert ("reconcile", "repaired", "take_canary_out") in {
+        (r["kind"], r["verdict"], r["details"].get("action")) for r in rows
+    }, rows
+    slot = stack.api("GET", f"/deployments/name/{RELEASE}")["global_concurrency_limit"]
+    assert slot["active_slots"] == 0
+
+    next_run = stack.wait_for_run(
+        stack.run_deployment(RELEASE, {**SMALL, "seed": 4, "deploy": False}), timeout_s=300
+    )
+    assert next_run["state_type"] == "COMPLETED", next_run["state"]["message"]

@@ -29,10 +29,10 @@ import pytest
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page, Response, Route, expect, sync_playwright
 
+from relay_testing.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
 from simulation.shop import ShopConfig
 from simulation.traffic import LiveTraffic, drive
 from tasks.canary import CanaryDecision, PlanDecision
-from tests.integration.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
 from tests.integration.release_params import SMALL_RELEASE
 
 pytestmark = pytest.mark.slow

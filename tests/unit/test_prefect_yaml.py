@@ -67,3 +67,45 @@ def test_invalid_release_parameters_are_rejected_before_any_work(bad):
     flow = load_flow_from_entrypoint(str(ROOT / DEPLOYMENTS["retrain-and-release"]["entrypoint"]))
     with pytest.raises(ParameterTypeError):
         flow.validate_parameters(bad)
+
+
+AUTOMATIONS = yaml.safe_load((ROOT / "deployments" / "automations.yaml").read_text())["automations"]
+
+
+def test_automations_file_validates_as_prefect_automations():
+    from prefect.events.schemas.automations import AutomationCore
+
+    for automation in AUTOMATIONS:
+        AutomationCore.model_validate(automation)
+
+
+def test_silent_release_automation_waits_three_heartbeats_of_what_flow_runs_are_told():
+    """A healthy release must never be marked Crashed: the automation's silence is at least three
+    heartbeats as the cpu pool (deployment runs) and the Makefile (`make demo`) set them."""
+    import json
+    import re
+
+    from flows.release import retrain_and_release
+
+    (silent,) = [a for a in AUTOMATIONS if a["name"] == "relay-silent-release-is-crashed"]
+    trigger = silent["trigger"]
+    assert trigger["match_related"]["prefect.resource.name"] == retrain_and_release.name
+    pool = json.loads((ROOT / "deployments" / "pools" / "cpu.json").read_text())
+    pool_s = int(
+        pool["variables"]["properties"]["env"]["default"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]
+    )
+    make = re.search(
+        r"PREFECT_FLOWS_HEARTBEAT_FREQUENCY \?= (\d+)", (ROOT / "Makefile").read_text()
+    )
+    assert make is not None
+    assert trigger["within"] >= 3 * max(pool_s, int(make.group(1)))
+    assert DEPLOYMENTS["retrain-and-release"]["work_pool"]["name"] == "cpu"
+
+
+def test_the_guard_runs_when_a_release_crashes():
+    (trigger,) = DEPLOYMENTS["release-guard"]["triggers"]
+    assert trigger["expect"] == ["prefect.flow-run.Crashed"]
+    assert trigger["match_related"] == {
+        "prefect.resource.role": "flow",
+        "prefect.resource.name": "retrain-and-release",
+    }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,10 +31,10 @@ import httpx
 
 from model_store import ModelStore, open_store
 from relay.settings import Settings
-from serving.fleet import FleetClient
+from serving.fleet import FleetClient, WorkerResult
 from serving.process import WorkerProcess, start_worker
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SCRIPTS = REPO / "deployments" / "local"
 TOKEN = "deployed-stack-admin-token"
@@ -53,6 +54,7 @@ class DeployedStack:
 
     root: Path
     port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. a short canary lease
     serving: list[WorkerProcess] = field(default_factory=list)
     started: list[str] = field(default_factory=list)  # what stop() must undo, in start order
 
@@ -95,6 +97,7 @@ class DeployedStack:
             "RELAY_MLFLOW_TRACKING_URI": f"sqlite:///{self.home / 'mlflow.db'}",
             "RELAY_PREFECT_UI_URL": self.ui_url,
             "RELAY_SERVING_FLEET_URLS": ",".join(self.fleet_urls),
+            **self.extra_env,
         }
 
     # -- bringing it up and down ---------------------------------------------------------------
@@ -193,8 +196,85 @@ class DeployedStack:
 
     def fleet_stable(self) -> set[str | None]:
         """The version each serving worker holds in its stable slot."""
+        return {w.stable_version for w in self.fleet_state()}
+
+    def fleet_state(self) -> list[WorkerResult]:
         with FleetClient(self.fleet_urls, TOKEN) as fleet:
-            return {w.stable_version for w in fleet.state().workers}
+            return fleet.state().workers
+
+    def canary_weights(self) -> set[int]:
+        return {int(w.state.get("canary_weight", -1)) for w in self.fleet_state()}
+
+    def release_events(self, release_id: str) -> list[dict[str, Any]]:
+        """The release's release_events rows, read by a subprocess (this one never opens chdb)."""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import json, sys, logstore; from relay.settings import get_settings; "
+                "from logstore.release_events import events_of_release; "
+                "c = logstore.connect(get_settings().resolved_clickhouse_dsn); "
+                "print(json.dumps([dict(kind=e.kind, verdict=e.verdict, reason=e.reason, "
+                "details=e.details) for e in events_of_release(c, sys.argv[1])]))",
+                release_id,
+            ],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(done.stdout.splitlines()[-1]))
+
+    # -- losing a host -------------------------------------------------------------------------
+    def kill_pool_worker(self) -> list[int]:
+        """SIGKILL the `cpu` pool worker and every flow run it started (each in its own session,
+        so its whole process group): as if its host were lost. The killed flow runs' pids."""
+        pid = int((self.home / "prefect-worker" / "worker-cpu.pid").read_text())
+        children = self.flow_run_pids()
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            try:
+                os.killpg(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+        # gone before anyone asks: the worker script's "already running?" check reads this pid
+        for gone in (pid, *children):
+            self.wait_for(lambda p=gone: not _alive(p), 30, f"process {gone} to exit")
+        return children
+
+    def flow_run_pids(self) -> list[int]:
+        """The flow-run processes the `cpu` pool worker has running (each leads its own session)."""
+        pid = int((self.home / "prefect-worker" / "worker-cpu.pid").read_text())
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+        return [int(p) for p in found.stdout.split()]
+
+    def run_embedded_release(
+        self, parameters: Mapping[str, Any], log: Path
+    ) -> subprocess.Popen[bytes]:
+        """The release flow in a process of its own against this server, as `make demo` runs it
+        (heartbeats every 30 s, as the Makefile sets), in its own session."""
+        code = (
+            "import json, sys; from flows.release import retrain_and_release; "
+            "retrain_and_release(**json.loads(sys.argv[1]))"
+        )
+        with log.open("wb") as sink:
+            return subprocess.Popen(
+                [sys.executable, "-c", code, json.dumps(dict(parameters), default=str)],
+                cwd=REPO,
+                env={
+                    **self.env,
+                    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
+                    "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+                },
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def start_pool_worker(self) -> None:
+        self._script("prefect-worker.sh", "start", timeout_s=90)
 
     # -- Prefect -------------------------------------------------------------------------------
     def prefect(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -247,16 +327,47 @@ class DeployedStack:
         )
         return {a["key"]: a for a in found if a.get("key")}
 
-    def flow_runs_of(self, deployment: str) -> list[dict[str, Any]]:
+    def flow_runs_of(self, deployment: str, include_adhoc: bool = False) -> list[dict[str, Any]]:
+        """The deployment's flow runs; with `include_adhoc`, every run of its flow (a run started
+        in its own process has no deployment)."""
         flow_name, _, name = deployment.partition("/")
+        if include_adhoc:
+            return self.api("POST", "/flow_runs/filter", {"flows": {"name": {"any_": [flow_name]}}})
         found = self.api("GET", f"/deployments/name/{flow_name}/{name}")
         return self.api(
             "POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [found["id"]]}}}
         )
 
+    def active_runs(self) -> list[dict[str, Any]]:
+        """Flow runs of any flow not yet final (scheduled ones included: they start soon)."""
+        active = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
+        return self.api(
+            "POST", "/flow_runs/filter", {"flow_runs": {"state": {"type": {"any_": active}}}}
+        )
+
+    def wait_for(self, found: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """Poll `found` every second until it returns something truthy; that value."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = found()
+            if value:
+                return value
+            time.sleep(1)
+        raise AssertionError(
+            f"no {what} after {timeout_s:.0f} s; worker log:\n{self.worker_log()[-4000:]}"
+        )
+
     def worker_log(self) -> str:
         path = self.home / "prefect-worker" / "worker-cpu.log"
         return path.read_text(errors="replace") if path.exists() else "(no worker log)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def outcome_of(artifacts: Mapping[str, Mapping[str, Any]]) -> str:
