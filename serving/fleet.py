@@ -252,10 +252,13 @@ class FleetClient:
         """Weight 0 and unload the canary on every worker (each independently: best effort)."""
         return self._one_phase("rollback", self._each("POST", "/admin/rollback"))
 
-    def set_injected_latency(self, slot: str, ms: float, factor: float = 1.0) -> FleetResult:
-        """Every request of `slot` takes `factor` times as long plus `ms`, on every worker."""
+    def set_injected_latency(
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+    ) -> FleetResult:
+        """Every request of `slot` takes `factor` times as long plus `ms`, booked to `stage`
+        (queue, preprocess, compute or postprocess), on every worker."""
         check_slot(slot)
-        body = {"slot": slot, "ms": ms, "factor": factor}
+        body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
     def _weight_body(self, weight: int, lease_s: float | None) -> dict[str, Any]:

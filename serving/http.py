@@ -216,7 +216,10 @@ def build_app(worker: Worker) -> ASGIApp:
         if "ms" not in body:
             raise RequestRejected("missing_field", "body needs 'slot' and 'ms'")
         return await worker.set_latency(
-            check_slot(body.get("slot")), body["ms"], body.get("factor", 1.0)
+            check_slot(body.get("slot")),
+            body["ms"],
+            body.get("factor", 1.0),
+            body.get("stage", "compute"),
         )
 
     async def http_error(request: Request, exc: Exception) -> Response:

@@ -68,7 +68,7 @@ class Exchange:
     lineage_id: str = ""
     t_enqueued: float = 0.0
     injection: Injection | None = None
-    injected_s: float = 0.0  # what the injection actually added, counted as compute
+    injected_s: float = 0.0  # what the injection actually added, booked to its stage
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -183,12 +183,17 @@ class Worker:
         if batch is not None:
             queue = max(batch.started - ex.t_enqueued, 0.0)
             preprocess = (ex.t_enqueued - ex.t0) + batch.preprocess_s
-            compute = batch.compute_s + ex.injected_s
+            compute = batch.compute_s
             batch_size = batch.requests
         else:
             queue = compute = 0.0
             preprocess = (ex.t_enqueued or now) - ex.t0
             batch_size = 0
+        if ex.injection is not None:  # postprocess, the remainder, takes it without being told
+            stage = ex.injection.stage
+            queue += ex.injected_s if stage == "queue" else 0.0
+            preprocess += ex.injected_s if stage == "preprocess" else 0.0
+            compute += ex.injected_s if stage == "compute" else 0.0
         postprocess = max(latency - queue - preprocess - compute, 0.0)
         self.metrics.observe_request(
             ex.transport, ex.slot, ex.version, ex.status, ex.error_code, latency
@@ -339,10 +344,12 @@ class Worker:
             log.info("rolled back canary %s", canary.version if canary else "(none)")
             return self.state()
 
-    async def set_latency(self, slot: str, ms: float, factor: float = 1.0) -> dict[str, Any]:
+    async def set_latency(
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+    ) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor))
-            log.info("injected latency for %s set to x%s + %s ms", slot, factor, ms)
+            self._swap(self.table.with_latency(slot, ms, factor, stage))
+            log.info("injected latency for %s set to x%s + %s ms in %s", slot, factor, ms, stage)
             return self.state()
 
     def _swap(self, table: RoutingTable[Served]) -> None:
@@ -383,6 +390,7 @@ class Worker:
             "canary_lease": self._lease_state(t),
             "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
             "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
+            "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
             "batching": {
                 "max_rows": self.settings.serving_max_batch_rows,
                 "max_delay_ms": self.settings.serving_max_batch_delay_ms,
