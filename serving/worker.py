@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 
 from logstore.spool import RequestLogWriter
 from model_store import ModelStore
@@ -33,6 +35,7 @@ from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
 from serving.schema import PredictRequest, RequestRejected
+from serving.tracing import RequestTracer, parent_context, traceparent_of
 
 log = logging.getLogger("serving.worker")
 
@@ -63,6 +66,10 @@ class Exchange:
     user_id: int = 0
     session_id: str = ""
     input_bytes: int = 0
+    rows: int = 0
+    parent: Context | None = None  # the caller's trace, from its traceparent
+    traceparent: str = ""  # this request's span, echoed in the answer once recorded
+    span: Span | None = None  # set when recorded; an admin call's while it runs
     slot: str = ""
     version: str = ""
     lineage_id: str = ""
@@ -82,6 +89,10 @@ class Exchange:
             rejection.detail,
         )
 
+    def trace_from(self, traceparent: object) -> None:
+        """Join the caller's trace; a missing or malformed traceparent starts a new one."""
+        self.parent = parent_context(traceparent)
+
     def error_body(self) -> dict[str, Any]:
         return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
 
@@ -96,6 +107,7 @@ class Worker:
         metrics: ServingMetrics,
         log_writer: RequestLogWriter | None,
         clock: Callable[[], float] = time.monotonic,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock  # what canary leases are measured on; tests pass their own
@@ -104,6 +116,7 @@ class Worker:
         self.log_writer = log_writer
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
+        self.tracer = tracer or RequestTracer(settings, self.worker_id)
         self.draining = False
         self.binary_connections = 0
         self._ids = itertools.count(1)
@@ -130,10 +143,11 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
             request.user_id,
             request.session_id,
             request.input_bytes,
+            request.raw.shape[0],
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -198,11 +212,40 @@ class Worker:
         self.metrics.observe_request(
             ex.transport, ex.slot, ex.version, ex.status, ex.error_code, latency
         )
+        if ex.status == 200 and ex.transport != ADMIN:
+            self.metrics.observe_stages(ex.slot, queue, preprocess, compute, postprocess)
+        ex.request_id = ex.request_id or self.next_request_id()
+        if ex.span is None:  # an admin call's span is open around it already
+            ex.span = self.tracer.request_span(
+                f"{ex.transport} predict",
+                ex.parent,
+                int(ex.ts * 1e9),
+                {
+                    "queue": queue,
+                    "preprocess": preprocess,
+                    "compute": compute,
+                    "postprocess": postprocess,
+                },
+                lambda: {
+                    "relay.request_id": ex.request_id,
+                    "relay.transport": ex.transport,
+                    "relay.slot": ex.slot,
+                    "relay.model_version": ex.version,
+                    "relay.lineage_id": ex.lineage_id,
+                    "relay.batch_size": batch_size,
+                    "relay.rows": ex.rows,
+                    "relay.input_size_bytes": ex.input_bytes,
+                    "relay.status": ex.status,
+                    "relay.error_code": ex.error_code,
+                },
+                ex.error_code,
+            )
+        ex.traceparent = traceparent_of(ex.span)
         if self.log_writer is not None:
             self.log_writer.append(
                 (
                     ex.ts,
-                    ex.request_id or self.next_request_id(),
+                    ex.request_id,
                     ex.user_id,
                     ex.session_id,
                     ex.slot,
@@ -217,6 +260,8 @@ class Worker:
                     ex.input_bytes,
                     ex.status,
                     ex.error_code,
+                    ex.rows,
+                    ex.traceparent[3:35],  # the trace id
                 )
             )
 
@@ -244,15 +289,18 @@ class Worker:
                     507,
                 )
             try:
-                model = await asyncio.to_thread(
-                    load_model,
-                    self.store,
-                    manifest,
-                    ref,
-                    s.resolved_serving_cache_dir,
-                    threads=s.serving_engine_threads,
-                    max_batch_rows=s.serving_max_batch_rows,
-                )
+                with self.tracer.inner_span(
+                    "load and warm", {"relay.slot": slot, "relay.model_version": manifest.version}
+                ):
+                    model = await asyncio.to_thread(
+                        load_model,
+                        self.store,
+                        manifest,
+                        ref,
+                        s.resolved_serving_cache_dir,
+                        threads=s.serving_engine_threads,
+                        max_batch_rows=s.serving_max_batch_rows,
+                    )
             except Exception as exc:  # store, runtime or warm-up: this version cannot serve here
                 log.exception("loading %s into %s failed", ref, slot)
                 raise RequestRejected("load_failed", f"could not load {ref}: {exc}", 422) from None
@@ -421,6 +469,9 @@ class Worker:
         return WorkerSnapshot(
             ready=self.ready()[0],
             queue_depth=sum(m.batcher.depth for m in t.models()),
+            queue_depth_by_slot={
+                slot: m.batcher.depth for slot in SLOTS if (m := t.model(slot)) is not None
+            },
             canary_weight=t.canary_weight,
             canary_lease_seconds_left=t.lease.seconds_left(self.clock()) if t.lease else 0.0,
             canary_lease_expirations=self.lease_expirations,
@@ -448,6 +499,11 @@ class Worker:
             spool_over_cap=bool(writer and writer.spool.over_cap),
             log_wal_ok=not (writer and writer.wal_error),
             log_wal_failures=stats.wal_failures if stats else 0,
+            trace_spans={
+                "recorded": self.tracer.counts.recorded,
+                "exported": self.tracer.counts.exported,
+                "dropped": self.tracer.counts.dropped,
+            },
         )
 
     async def close(self) -> None:
@@ -458,3 +514,4 @@ class Worker:
         await asyncio.gather(*(m.batcher.close() for m in self.table.models()), *self._retiring)
         if self.log_writer is not None:
             await asyncio.to_thread(self.log_writer.close)
+        await asyncio.to_thread(self.tracer.close)
