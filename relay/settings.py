@@ -128,6 +128,11 @@ class Settings(BaseSettings):
     )
 
     # tracing: OpenTelemetry spans of the serving worker and the release flow
+    otel_tracing: bool = Field(
+        default=True,
+        description="Give every request a trace id (row, answer) and spans as sampled; off "
+        "only to measure what tracing costs (bench.serving).",
+    )
     otel_exporter_endpoint: str = Field(
         default="",
         description="OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); empty = no "

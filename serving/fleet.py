@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from opentelemetry import propagate
 
 from relay.errors import ConfigError
 from relay.settings import Settings
@@ -312,14 +313,29 @@ class FleetClient:
         body: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> list[WorkerResult]:
-        """The same call on every worker, in parallel; results in fleet order."""
+        """The same call on every worker, in parallel; results in fleet order.
+
+        The caller's current span goes with each call as W3C `traceparent` (read here: the pool's
+        threads do not see the caller's context), so the workers' spans join its trace.
+        """
+        trace_headers: dict[str, str] = {}
+        propagate.inject(trace_headers)
         with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
             return list(
-                pool.map(lambda url: self._call(url, method, path, body, timeout_s), self.urls)
+                pool.map(
+                    lambda url: self._call(url, method, path, body, timeout_s, trace_headers),
+                    self.urls,
+                )
             )
 
     def _call(
-        self, url: str, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout_s: float | None,
+        headers: dict[str, str],
     ) -> WorkerResult:
         client = self._clients[url]
         try:
@@ -327,6 +343,7 @@ class FleetClient:
                 method,
                 path,
                 json=body,
+                headers=headers,
                 timeout=timeout_s if timeout_s else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.HTTPError as exc:

@@ -195,10 +195,9 @@ def build_app(worker: Worker) -> ASGIApp:
                     span.set_attribute("relay.error_code", rejection.code)
                     headers = {"WWW-Authenticate": "Bearer"} if rejection.status == 401 else {}
                     worker.record(ex)
-                    headers["traceparent"] = ex.traceparent
-                    return json_response(ex.error_body(), ex.status, headers)
+                    return json_response(ex.error_body(), ex.status, headers | _traced(ex))
             worker.record(ex)
-            return json_response(result, headers={"traceparent": ex.traceparent})
+            return json_response(result, headers=_traced(ex))
 
         handler.__name__ = f"admin_{name}"
         return handler
@@ -279,6 +278,10 @@ def _authorise(request: Request, token: str) -> None:
         raise RequestRejected(
             "unauthorized", "a valid 'Authorization: Bearer <token>' is required", 401
         )
+
+
+def _traced(ex: Exchange) -> dict[str, str]:
+    return {"traceparent": ex.traceparent} if ex.traceparent else {}
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

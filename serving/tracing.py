@@ -34,7 +34,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from relay.settings import Settings
@@ -56,8 +56,10 @@ def parent_context(traceparent: object) -> Context | None:
 
 
 def traceparent_of(span: Span) -> str:
-    """The W3C `traceparent` naming `span`, for answers and outgoing calls."""
+    """The W3C `traceparent` naming `span`, for answers and outgoing calls; "" for no span."""
     c = span.get_span_context()
+    if not c.is_valid:
+        return ""
     return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
 
 
@@ -140,6 +142,7 @@ class RequestTracer:
         self, settings: Settings, worker_id: str, exporter: SpanExporter | None = None
     ) -> None:
         self.counts = SpanCounts()
+        self.enabled = settings.otel_tracing  # off: no ids, no spans (to measure the cost)
         self._provider = TracerProvider(
             sampler=ParentBased(TraceIdRatioBased(settings.otel_sample_ratio)),
             resource=Resource.create(
@@ -176,6 +179,8 @@ class RequestTracer:
 
         `attributes` is called only for a recorded span: most requests' are not.
         """
+        if not self.enabled:
+            return INVALID_SPAN
         span = self.tracer.start_span(
             name, context=parent, kind=SpanKind.SERVER, start_time=start_ns
         )

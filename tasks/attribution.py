@@ -4,14 +4,16 @@ A latency regression found by the canary gate (canary vs its baseline) or the gu
 before vs now) is attributed to its causes. Each answered request's row is one draw of
 
     rows -> input_bytes;  rows, input_bytes -> preprocess;  rows, batch_size -> compute;
-    batch_size -> queue;  queue, preprocess, compute, postprocess -> latency
+    rows -> queue;  rows -> postprocess;  queue, preprocess, compute, postprocess -> latency
 
 and `dowhy.gcm.distribution_change_of_graphs` fits that graph's mechanisms (linear additive-noise
 models; empirical distributions at the roots) on each population and splits the change in mean
 latency into Shapley contributions, one per node whose mechanism changed: a slower model shows
 as compute's mechanism, a slower feature pipeline as preprocess's, queueing from smaller
 batches as queue's, heavier requests as the rows distribution itself (their extra compute and
-preprocess follow from the unchanged mechanisms). Uncertainty: a percentile bootstrap that
+preprocess follow from the unchanged mechanisms). Batch size is deliberately not a parent of
+queue: under load a long queue makes big batches as much as big batches make a queue, and with
+that edge the two split a queueing regression into wild, offsetting shares. Uncertainty: a percentile bootstrap that
 resamples both populations' rows and repeats the attribution, as often as the time budget
 allows. When the top two causes' intervals overlap the data cannot separate them, and the
 statement says so instead of naming one.
@@ -28,26 +30,38 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 import networkx as nx
 import numpy as np
 import pandas as pd
+from dowhy import gcm
+from dowhy.gcm.shapley import ShapleyApproximationMethods, ShapleyConfig
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
-from logstore.stage_samples import STAGE_COLUMNS, StageSample
+from logstore.spool import connect_for_reading
+from logstore.stage_samples import STAGE_COLUMNS, StageSample, sample_stage_rows
+from relay.settings import Settings
+from relay.types import GateResult, Release, Verdict
+from tasks.canary import canary_period, record
+from tasks.canary_analysis import LOG_STORE_ERRORS, latency_regressed
 
 log = logging.getLogger("relay.attribution")
 
 TARGET = "latency_ms"
+# (slot, version, start, end) -> a sample of that population's answered requests
+Reader = Callable[[str, str, datetime, datetime], StageSample]
 CAUSAL_EDGES = (
     ("rows", "input_bytes"),
     ("rows", "preprocess_ms"),
     ("input_bytes", "preprocess_ms"),
     ("rows", "compute_ms"),
     ("batch_size", "compute_ms"),
-    ("batch_size", "queue_ms"),
+    ("rows", "queue_ms"),  # a heavier request waits behind more of its own rows' work
+    ("rows", "postprocess_ms"),  # one score per row to encode and send
     ("queue_ms", TARGET),
     ("preprocess_ms", TARGET),
     ("compute_ms", TARGET),
@@ -182,8 +196,6 @@ def _finite(x: float) -> float | None:
 
 
 def _causal_model() -> Any:
-    from dowhy import gcm
-
     model = gcm.StructuralCausalModel(nx.DiGraph(CAUSAL_EDGES))
     for node in model.graph.nodes:
         if model.graph.in_degree(node) == 0:
@@ -203,9 +215,6 @@ def contributions_ms(
     before: pd.DataFrame, after: pd.DataFrame, config: AttributionConfig, seed: int
 ) -> dict[str, float]:
     """Each cause's contribution (ms) to the change in mean latency from `before` to `after`."""
-    from dowhy import gcm
-    from dowhy.gcm.shapley import ShapleyApproximationMethods, ShapleyConfig
-
     gcm.config.disable_progress_bars()
     old, new = _causal_model(), _causal_model()
     np.random.seed(seed)  # gcm draws from numpy's global generator
@@ -345,7 +354,7 @@ def failed_attribution(exc: Exception) -> LatencyAttribution:
 
 
 def window_attribution(
-    read: Callable[[str, str, datetime, datetime], StageSample],
+    read: Reader,
     before: tuple[str, str, datetime, datetime],
     after: tuple[str, str, datetime, datetime],
     config: AttributionConfig = AttributionConfig(),
@@ -360,3 +369,97 @@ def window_attribution(
     except Exception as exc:  # explaining must never stop the decision it explains
         log.exception("root-cause attribution failed")
         return failed_attribution(exc)
+
+
+# -- task shells: run after the decision they explain, never before it --------------------------
+
+
+def _reader(settings: Settings, config: AttributionConfig) -> Reader:
+    """Samples from the log store, connected on first use (inside the attribution's guard)."""
+    client: list[Any] = []
+
+    def read(slot: str, version: str, start: datetime, end: datetime) -> StageSample:
+        if not client:
+            client.append(
+                connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
+            )
+        return sample_stage_rows(client[0], start, end, slot, config.max_rows, version)
+
+    return read
+
+
+def explained(
+    settings: Settings, release: Release, gate: GateResult, attribution: LatencyAttribution
+) -> GateResult:
+    """`gate` carrying its attribution, which is also recorded as an `attribution` release event."""
+    try:
+        record(
+            settings,
+            release,
+            "attribution",
+            attribution.status.value,
+            attribution.statement,
+            gate=gate.gate,
+            **attribution.as_dict(),
+        )
+    except LOG_STORE_ERRORS:  # the verdict stands and carries it; only the event is missing
+        log.exception("could not record the attribution of %s", release.version)
+    return gate.model_copy(
+        update={
+            "attribution": attribution.as_dict(),
+            "reason": f"{gate.reason}; why: {attribution.statement}",
+            "measurements": gate.measurements | attribution.measurements(),
+        }
+    )
+
+
+@task(name="explain-canary-rejection", cache_policy=NO_CACHE)
+def explain_canary_rejection(
+    settings: Settings,
+    release: Release,
+    baseline_version: str,
+    gate: GateResult,
+    config: AttributionConfig = AttributionConfig(),
+) -> GateResult:
+    """A rejected canary's verdict with why its latency regressed (canary vs baseline, since deploy).
+
+    Called once the canary is out of traffic; a verdict that was not a latency regression is
+    returned as it is.
+    """
+    if not latency_regressed(gate):
+        return gate
+    start, end = canary_period.fn(settings, release)
+    attribution = window_attribution(
+        _reader(settings, config),
+        ("baseline", baseline_version, start, end),
+        ("canary", release.version, start, end),
+        config,
+    )
+    return explained(settings, release, gate, attribution)
+
+
+@task(name="explain-guard-decision", cache_policy=NO_CACHE)
+def explain_guard_decision(
+    settings: Settings,
+    champion: Release,
+    decision: GateResult,
+    live: GateResult,
+    window_minutes: float,
+    config: AttributionConfig = AttributionConfig(),
+) -> GateResult:
+    """The guard's decision with why the champion's latency rose: its window before vs now.
+
+    Called after the guard acted; without a live P95 breach the decision is returned as it is.
+    """
+    p95, limit = live.measurements.get("p95_ms"), live.thresholds.get("max_p95_ms")
+    if live.verdict is not Verdict.failed or p95 is None or limit is None or p95 <= limit:
+        return decision
+    end = datetime.now(UTC)
+    window = timedelta(minutes=window_minutes)
+    attribution = window_attribution(
+        _reader(settings, config),
+        ("stable", champion.version, end - 2 * window, end - window),
+        ("stable", champion.version, end - window, end),
+        config,
+    )
+    return explained(settings, champion, decision, attribution)

@@ -238,3 +238,29 @@ def test_an_unreachable_collector_drops_counted_spans_and_the_worker_keeps_servi
             assert wait_for(lambda: dropped(http.get("/metrics").text) >= 250, 20)
             assert http.get("/readyz").status_code == 200
             assert http.post("/v1/predict", json=make_doc(n=2, seed=99)).status_code == 200
+
+
+def test_a_release_step_and_the_workers_load_and_warm_up_are_one_trace(
+    worker: WorkerProcess, receiver: Receiver, published_version: Any
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from relay.settings import Settings
+    from relay.types import Release
+    from serving.fleet import FleetClient
+    from tasks.tracing import release_context, release_span, release_tracer
+
+    release = Release("rel-traced", published_version.manifest.version, "lineage")
+    tracer = release_tracer(Settings(), InMemorySpanExporter())
+    with FleetClient([worker.http_url], "tracing-token") as fleet:
+        with release_span(tracer, release, "deploy canary") as step:
+            loaded = fleet.load("canary", release.version)
+        fleet.rollback()
+    assert loaded.ok, loaded.reason
+    trace_id = f"{release_context('rel-traced').trace_id:032x}"
+    spans = wait_for(lambda: "load and warm" in (found := receiver.by_trace(trace_id)) and found)
+    admin = spans["admin load"]
+    assert admin.parent_span_id.hex() == f"{step.get_span_context().span_id:016x}"
+    assert spans["load and warm"].parent_span_id == admin.span_id
+    warm = spans["load and warm"]
+    assert warm.end_time_unix_nano > warm.start_time_unix_nano

@@ -128,3 +128,11 @@ def test_a_stuck_collector_costs_spans_not_memory_and_every_loss_is_counted() ->
 def test_a_sampling_ratio_outside_0_1_is_refused_naming_the_setting(ratio: float) -> None:
     with pytest.raises(ValidationError, match="RELAY_OTEL_SAMPLE_RATIO"):
         Settings(otel_sample_ratio=ratio)
+
+
+def test_tracing_off_gives_no_trace_ids_and_no_spans() -> None:
+    exporter = InMemorySpanExporter()
+    tracer = RequestTracer(Settings(otel_tracing=False, otel_sample_ratio=1.0), "w1", exporter)
+    assert traced(tracer, CALLER) == ""
+    tracer.close()
+    assert exporter.get_finished_spans() == ()
