@@ -13,6 +13,9 @@ simulated shop (simulation.traffic.request_bodies, as the canary's live traffic 
   worker         the worker's JSON endpoint, request logging on
   worker_binary  the worker's framed binary protocol, pipelined on persistent connections
   worker_nolog   the JSON endpoint with request logging off
+  worker_notrace the JSON endpoint with tracing off (RELAY_OTEL_TRACING=false); `worker` runs
+                 tracing on at the default sampling ratio, without an exporter, so
+                 worker_tracing_rps (= worker_rps) over it is what tracing costs
   naive          FastAPI with a validated pydantic body, the PyTorch model once per request
 Servers run pinned to CPU 0; this process generates the load pinned to CPU 1, over 127.0.0.1,
 as closed loops of `--connections` connections. Scenarios are measured in interleaved rounds
@@ -533,7 +536,7 @@ def raw_figures(engine_path: Path, rows: int, seconds: float) -> dict[str, float
     }
 
 
-SCENARIOS = ("echo", "worker", "worker_binary", "worker_nolog", "naive")
+SCENARIOS = ("echo", "worker", "worker_binary", "worker_nolog", "worker_notrace", "naive")
 
 
 def start_servers(
@@ -542,7 +545,7 @@ def start_servers(
     """Every server of the comparison, pinned to the server CPU; idle ones cost nothing."""
     from serving.process import start_worker
 
-    def worker(name: str, log: bool) -> WorkerProcess:
+    def worker(name: str, log: bool, tracing: bool = True) -> WorkerProcess:
         env = {
             "RELAY_HOME": str(home / name),
             "RELAY_MODEL_STORE_URL": store.backend.describe(),
@@ -550,6 +553,7 @@ def start_servers(
             "RELAY_SERVING_BINARY_PORT": "0",
             "RELAY_SERVING_STABLE_REF": manifest.version,
             "RELAY_SERVING_REQUEST_LOG": "true" if log else "false",
+            "RELAY_OTEL_TRACING": "true" if tracing else "false",  # default sampling when on
             "RELAY_CLICKHOUSE_DSN": f"chdb://{home / name / 'clickhouse'}",  # spooled, never opened
         }
         w = stack.enter_context(start_worker(env, home / f"{name}.log", cpu=SERVER_CPU))
@@ -575,6 +579,7 @@ def start_servers(
     }
     servers["worker"] = worker("worker", log=True)
     servers["worker_nolog"] = worker("worker_nolog", log=False)
+    servers["worker_notrace"] = worker("worker_notrace", log=True, tracing=False)
     return servers
 
 
@@ -667,6 +672,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results.update({f"{scenario}_{k}": v for k, v in median.items()})
             results[f"{scenario}_rps_rounds"] = [f["rps"] for f in runs]
 
+        # The worker scenario runs with tracing on at the default sampling ratio (no exporter).
+        results["worker_tracing_rps"] = results["worker_rps"]
+        results["worker_tracing_over_notrace"] = (
+            round(results["worker_rps"] / results["worker_notrace_rps"], 3)
+            if results["worker_notrace_rps"]
+            else None
+        )
         rows, reqs = worker_batch_rows(httpx.get(f"{servers['worker'].http_url}/metrics").text)
         results["worker_mean_batch_rows"] = round(rows, 1)
         results["worker_mean_batch_requests"] = round(reqs, 2)
@@ -690,9 +702,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def targets(r: dict[str, Any]) -> list[Target]:
     """The issue's targets, measured."""
-    idle = [
-        k for k in ("echo", "worker", "worker_binary", "worker_nolog", "naive") if not r[f"{k}_rps"]
-    ]
+    idle = [k for k in SCENARIOS if not r[f"{k}_rps"]]
     if idle:  # a ratio over nothing would be a number that means nothing
         raise SystemExit(
             f"no request was answered in the {', '.join(idle)} round(s): the rounds are too short "
@@ -702,6 +712,7 @@ def targets(r: dict[str, Any]) -> list[Target]:
     binary_over_json = r["worker_binary_rps"] / r["worker_rps"]
     worker_over_naive = r["worker_rps"] / r["naive_rps"]
     logging_cost = 1 - r["worker_rps"] / r["worker_nolog_rps"]
+    tracing_cost = 1 - r["worker_tracing_rps"] / r["worker_notrace_rps"]
     return [
         Target(
             "worker_rps / echo_rps", round(worker_over_echo, 3), ">= 0.7", worker_over_echo >= 0.7
@@ -723,6 +734,12 @@ def targets(r: dict[str, Any]) -> list[Target]:
             round(logging_cost, 3),
             "<= 0.10",
             logging_cost <= 0.10,
+        ),
+        Target(
+            "tracing cost (1 - worker_tracing_rps / worker_notrace_rps)",
+            round(tracing_cost, 3),
+            "<= 0.05",
+            tracing_cost <= 0.05,
         ),
         Target(
             "highest rate with P95 <= 300 ms",
@@ -788,12 +805,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         "wall_s": round(time.time() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    save_results(out, checks, args.out)
+    return 0
+
+
+def save_results(out: dict[str, Any], checks: list[Target], path: Path) -> None:
+    """Write a benchmark's JSON to `path` and print each target, met or missed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
     for t in checks:
         print(f"{'MET ' if t.met else 'MISSED'} {t.name}: {t.measured} (target {t.target})")
-    print(f"wrote {args.out}")
-    return 0
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

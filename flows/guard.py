@@ -14,6 +14,7 @@ from pydantic import Field
 
 from relay.settings import get_settings
 from relay.types import GateResult, Release, Verdict
+from tasks.attribution import explain_guard_decision
 from tasks.guard import (
     GuardLimits,
     assess_champion_quality,
@@ -76,6 +77,8 @@ def release_guard(
         return decision
     target = choose_rollback_target(settings, None, champion.release_id)
     if target is None:
-        return report_no_rollback_target(settings, champion, decision)
-    roll_back_champion(settings, target, f"release guard: {decision.reason}", "release-guard")
-    return decision
+        decision = report_no_rollback_target(settings, champion, decision)
+    else:
+        roll_back_champion(settings, target, f"release guard: {decision.reason}", "release-guard")
+    # only after acting: why the champion's latency rose, if that is what failed
+    return explain_guard_decision(settings, champion, decision, live, window_minutes)

@@ -23,6 +23,7 @@ from flows.impact import impact_report
 from relay.settings import get_settings
 from relay.types import Release, ReleaseOutcome, Verdict
 from simulation.traffic import LiveTraffic
+from tasks.attribution import explain_canary_rejection
 from tasks.calibration import (
     CalibrationThresholds,
     assess_candidate_calibration,
@@ -232,7 +233,9 @@ def retrain_and_release(
             promote_canary(settings, release, reason)
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
-        outcome, reason = ReleaseOutcome.rolled_back, rejected.gate.reason
+        # only now, with the canary out of traffic: why its latency regressed, if it did
+        gate = explain_canary_rejection(settings, release, stable, rejected.gate)
+        outcome, reason = ReleaseOutcome.rolled_back, gate.reason
 
     if impact_report_after:  # what the canary's latency cost, over the canary's own window
         start, end = canary_period(settings, release)

@@ -103,4 +103,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        3,
+        "inference_logs: rows and trace_id",
+        (
+            # The request's candidate rows (what heavier requests change) and its trace: a slow
+            # row leads to its trace, a trace to its row. Rows written before keep 0 and ''.
+            "ALTER TABLE inference_logs ADD COLUMN IF NOT EXISTS rows UInt32 DEFAULT 0",
+            "ALTER TABLE inference_logs ADD COLUMN IF NOT EXISTS trace_id String DEFAULT ''",
+        ),
+    ),
 )

@@ -69,14 +69,37 @@ SCHEMA = pa.schema(
         ("input_bytes", pa.uint32()),
         ("status", pa.uint16()),
         ("error_code", pa.string()),
+        ("rows", pa.uint32()),  # migration 3: the request's candidate rows
+        ("trace_id", pa.string()),  # migration 3: 32 hex digits, the request's trace
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+# Columns added after rows were first written: a segment or write-ahead record from a worker
+# that predates them lacks them, and gets these values (ClickHouse's column defaults).
+LATER_COLUMNS: dict[str, Any] = {"rows": 0, "trace_id": ""}
 
 # One inference_logs row, in COLUMNS order; ts is Unix seconds (time.time()).
 LogRow = tuple[
-    float, str, int, str, str, str, str, float, float, float, float, float, int, int, int, str
+    float,
+    str,
+    int,
+    str,
+    str,
+    str,
+    str,
+    float,
+    float,
+    float,
+    float,
+    float,
+    int,
+    int,
+    int,
+    str,
+    int,
+    str,
 ]
+_LATER_DEFAULTS = tuple(LATER_COLUMNS.values())
 
 
 class LogServer(Protocol):
@@ -162,6 +185,17 @@ class SpoolWriter:
         return self.backlog
 
 
+def read_segment(path: Path) -> pa.Table:
+    """A segment as an inference_logs table; columns it predates are filled with their defaults."""
+    table = pq.read_table(path, schema=SCHEMA)
+    for name, default in LATER_COLUMNS.items():
+        column = table.column(name)
+        if column.null_count:
+            filled = pc.fill_null(column, pa.scalar(default, SCHEMA.field(name).type))
+            table = table.set_column(table.schema.get_field_index(name), name, filled)
+    return table
+
+
 def write_segment(directory: Path, name: str, rows: Sequence[LogRow]) -> Path:
     """`rows` as the Parquet file `directory/name`, which appears whole or not at all."""
     final = directory / name
@@ -184,7 +218,10 @@ def decode_rows(data: bytes) -> tuple[list[LogRow], int]:
     decoded: list[LogRow] = []
     for i, payload in enumerate(payloads):
         try:
-            decoded.append(cast(LogRow, tuple(orjson.loads(payload))))
+            fields = tuple(orjson.loads(payload))
+            if len(fields) < len(COLUMNS):  # written by a worker that predates later columns
+                fields += _LATER_DEFAULTS[len(fields) - len(COLUMNS) :]
+            decoded.append(cast(LogRow, fields))
         except orjson.JSONDecodeError:  # only a bug writes this; keep what came before it
             log.error("undecodable write-ahead record %d: dropping it and what follows", i)
             return decoded, torn + sum(len(p) + wal.HEADER.size for p in payloads[i:])
@@ -283,7 +320,7 @@ def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
             spool_dir, leftover.name.removesuffix(SEGMENT_SUFFIX + INGESTING_SUFFIX)
         ):
             continue
-        table = pq.read_table(leftover, schema=SCHEMA)
+        table = read_segment(leftover)
         if not _already_inserted(client, table):
             _insert(client, table, leftover)
             rows += table.num_rows
@@ -297,7 +334,7 @@ def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
             os.rename(segment, claimed)  # atomic: of two ingesters, one wins each segment
         except FileNotFoundError:
             continue
-        table = pq.read_table(claimed, schema=SCHEMA)
+        table = read_segment(claimed)
         _insert(client, table, claimed)
         claimed.unlink()
         segments += 1

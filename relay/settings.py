@@ -129,6 +129,39 @@ class Settings(BaseSettings):
         default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."
     )
 
+    # tracing: OpenTelemetry spans of the serving worker and the release flow
+    otel_tracing: bool = Field(
+        default=True,
+        description="Give every request a trace id (row, answer) and spans as sampled; off "
+        "only to measure what tracing costs (bench.serving).",
+    )
+    otel_exporter_endpoint: str = Field(
+        default="",
+        description="OTLP/HTTP traces URL (e.g. http://collector:4318/v1/traces); empty = no "
+        "export: trace ids still go into log rows and answers, no span leaves the process.",
+    )
+    otel_sample_ratio: float = Field(
+        default=0.01,
+        description="Share of new traces (no sampled traceparent from the caller) that are "
+        "recorded and exported, 0-1; a caller's sampled traceparent is always followed.",
+    )
+    otel_max_queue_spans: int = Field(
+        default=4096,
+        ge=1,
+        description="Spans held for export at most; beyond it they are dropped and counted "
+        "(relay_trace_spans_dropped), so an unreachable collector cannot grow memory.",
+    )
+    otel_export_timeout_s: float = Field(
+        default=5.0, gt=0.0, description="Longest one OTLP export (with its retries) may take."
+    )
+
+    @field_validator("otel_sample_ratio")
+    @classmethod
+    def _a_share(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:  # NaN fails too
+            raise ValueError(f"RELAY_OTEL_SAMPLE_RATIO must be between 0 and 1, got {value!r}")
+        return value
+
     @field_validator("clickhouse_dsn")
     @classmethod
     def _known_scheme(cls, value: str) -> str:

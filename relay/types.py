@@ -42,6 +42,8 @@ class GateResult(Stored):
     measurements: dict[str, float] = Field(default_factory=dict)
     thresholds: dict[str, float] = Field(default_factory=dict)
     method: str = ""  # the statistical method, where the verdict rests on one
+    # Why latency changed, where a latency regression was found (tasks.attribution's as_dict)
+    attribution: dict[str, Any] | None = None
 
 
 class ReleaseOutcome(StrEnum):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import uvicorn
 import uvloop
 from prometheus_client import disable_created_metrics
+from pydantic import ValidationError
 
 import logstore
 from logstore.spool import RequestLogWriter, SpoolWriter
@@ -137,14 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serving_binary_port": args.binary_port,
         "serving_stable_ref": args.stable,
     }
-    settings = get_settings().model_copy(
-        update={k: v for k, v in overrides.items() if v is not None}
-    )
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        settings = get_settings().model_copy(
+            update={k: v for k, v in overrides.items() if v is not None}
+        )
+    except ValidationError as exc:  # a bad setting: say which, without a traceback
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        log.error("serving worker refused to start: %s", problems)
+        return 2
     disable_created_metrics()  # *_created series double a scrape and nothing here reads them
     shutdown = Shutdown()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -147,6 +147,8 @@ class BinaryConnection(asyncio.BufferedProtocol):
             except orjson.JSONDecodeError as exc:
                 raise RequestRejected("bad_json", f"frame header is not JSON: {exc}") from None
             frame_id = _frame_id(head)
+            if isinstance(head, dict):
+                ex.trace_from(head.get("traceparent"))
             if kind != Kind.PREDICT:
                 raise RequestRejected("bad_frame", f"unexpected frame kind {kind} from a client")
             decoded = decode_binary(head, payload, self.max_candidates)
@@ -165,6 +167,7 @@ class BinaryConnection(asyncio.BufferedProtocol):
         else:
             scores = ex.scores
             assert scores is not None
+            self.worker.record(ex)  # the row first: an answered request always has one
             head = {
                 "id": frame_id,
                 "request_id": ex.request_id,
@@ -172,8 +175,8 @@ class BinaryConnection(asyncio.BufferedProtocol):
                 "model_version": ex.version,
                 "lineage_id": ex.lineage_id,
                 "rows": int(scores.shape[0]),
+                "traceparent": ex.traceparent,
             }
-            self.worker.record(ex)  # the row first: an answered request always has one
             self._write(encode_frame(Kind.RESULT, head, scores.astype("<f4", copy=False).tobytes()))
         if self._closing and not self.owed:
             self._close_now()
@@ -189,6 +192,7 @@ class BinaryConnection(asyncio.BufferedProtocol):
                     "status": ex.status,
                     "error": ex.error_code,
                     "detail": ex.detail,
+                    "traceparent": ex.traceparent,
                 },
             )
         )

@@ -34,6 +34,7 @@ class BinaryRequest:
     context: Mapping[str, float]
     items: np.ndarray  # (n, len(ITEM_FIELDS)) in ITEM_FIELDS order
     request_id: str | None = None
+    traceparent: str | None = None  # W3C trace context: the request joins the caller's trace
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class BinaryResult:
     slot: str
     model_version: str
     lineage_id: str
+    traceparent: str = ""  # the worker's span for this request
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,8 @@ def encode_predict(frame_id: int, request: BinaryRequest) -> bytes:
     }
     if request.request_id is not None:
         header["request_id"] = request.request_id
+    if request.traceparent is not None:
+        header["traceparent"] = request.traceparent
     return encode_frame(Kind.PREDICT, header, items.tobytes())
 
 
@@ -220,6 +224,7 @@ def _answer(kind: int, head: dict[str, Any], payload: memoryview) -> BinaryResul
             slot=head["slot"],
             model_version=head["model_version"],
             lineage_id=head["lineage_id"],
+            traceparent=str(head.get("traceparent") or ""),
         )
     return BinaryRejection(
         status=int(head.get("status", 0)),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from opentelemetry import propagate
 
 from relay.errors import ConfigError
 from relay.settings import Settings
@@ -252,10 +253,13 @@ class FleetClient:
         """Weight 0 and unload the canary on every worker (each independently: best effort)."""
         return self._one_phase("rollback", self._each("POST", "/admin/rollback"))
 
-    def set_injected_latency(self, slot: str, ms: float, factor: float = 1.0) -> FleetResult:
-        """Every request of `slot` takes `factor` times as long plus `ms`, on every worker."""
+    def set_injected_latency(
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+    ) -> FleetResult:
+        """Every request of `slot` takes `factor` times as long plus `ms`, booked to `stage`
+        (queue, preprocess, compute or postprocess), on every worker."""
         check_slot(slot)
-        body = {"slot": slot, "ms": ms, "factor": factor}
+        body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
     def _weight_body(self, weight: int, lease_s: float | None) -> dict[str, Any]:
@@ -309,14 +313,29 @@ class FleetClient:
         body: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> list[WorkerResult]:
-        """The same call on every worker, in parallel; results in fleet order."""
+        """The same call on every worker, in parallel; results in fleet order.
+
+        The caller's current span goes with each call as W3C `traceparent` (read here: the pool's
+        threads do not see the caller's context), so the workers' spans join its trace.
+        """
+        trace_headers: dict[str, str] = {}
+        propagate.inject(trace_headers)
         with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
             return list(
-                pool.map(lambda url: self._call(url, method, path, body, timeout_s), self.urls)
+                pool.map(
+                    lambda url: self._call(url, method, path, body, timeout_s, trace_headers),
+                    self.urls,
+                )
             )
 
     def _call(
-        self, url: str, method: str, path: str, body: dict[str, Any] | None, timeout_s: float | None
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout_s: float | None,
+        headers: dict[str, str],
     ) -> WorkerResult:
         client = self._clients[url]
         try:
@@ -324,6 +343,7 @@ class FleetClient:
                 method,
                 path,
                 json=body,
+                headers=headers,
                 timeout=timeout_s if timeout_s else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.HTTPError as exc:

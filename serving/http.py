@@ -67,15 +67,20 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def send_json(send: Send, status: int, body: bytes) -> None:
-    """A complete JSON response."""
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [_JSON_HEADER, (b"content-length", str(len(body)).encode())],
-        }
-    )
+def header(scope: Scope, name: bytes) -> str | None:
+    """The request header `name` (lower-case bytes), None if absent."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+async def send_json(send: Send, status: int, body: bytes, traceparent: str = "") -> None:
+    """A complete JSON response; with the request's `traceparent` echoed when it has one."""
+    headers = [_JSON_HEADER, (b"content-length", str(len(body)).encode())]
+    if traceparent:
+        headers.append((b"traceparent", traceparent.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -114,6 +119,7 @@ def build_app(worker: Worker) -> ASGIApp:
 
     async def predict(scope: Scope, receive: Receive, send: Send) -> None:
         ex = worker.exchange("http")
+        ex.trace_from(header(scope, b"traceparent"))
         try:
             body = await read_body(scope, receive, max_body)
             ex.input_bytes = len(body)
@@ -123,7 +129,7 @@ def build_app(worker: Worker) -> ASGIApp:
             ex.reject(rejection)
             payload = orjson.dumps(ex.error_body())
             worker.record(ex)  # the row first: an answered request always has one
-            await send_json(send, ex.status, payload)
+            await send_json(send, ex.status, payload, ex.traceparent)
             return
         answered: asyncio.Future[Exchange] = asyncio.get_running_loop().create_future()
 
@@ -152,7 +158,7 @@ def build_app(worker: Worker) -> ASGIApp:
                 option=orjson.OPT_SERIALIZE_NUMPY,
             )
         worker.record(ex)
-        await send_json(send, ex.status, payload)
+        await send_json(send, ex.status, payload, ex.traceparent)
 
     async def healthz(request: Request) -> Response:
         return json_response({"status": "ok", "worker_id": worker.worker_id})
@@ -168,22 +174,30 @@ def build_app(worker: Worker) -> ASGIApp:
         async def handler(request: Request) -> Response:
             ex = worker.exchange(ADMIN)
             ex.request_id, ex.slot = worker.next_request_id(), ADMIN
-            try:
-                _authorise(request, settings.serving_admin_token.get_secret_value())
-                body: dict[str, Any] = {}
-                if request.method == "POST":
-                    raw = await read_body(request.scope, request.receive, max_body)
-                    ex.input_bytes = len(raw)
-                    body = _json_object(raw) if raw.strip() else {}
-                ex.version = str(body.get("version", ""))[:200]
-                result = await op(body)
-            except RequestRejected as rejection:
-                ex.reject(rejection)
-                headers = {"WWW-Authenticate": "Bearer"} if rejection.status == 401 else None
-                worker.record(ex)
-                return json_response(ex.error_body(), ex.status, headers)
+            ex.trace_from(request.headers.get("traceparent"))
+            # The caller's trace (a release's canary step) holds this call and what it did.
+            with worker.tracer.admin_span(
+                f"admin {name}", ex.parent, {"relay.request_id": ex.request_id}
+            ) as span:
+                ex.span = span
+                try:
+                    _authorise(request, settings.serving_admin_token.get_secret_value())
+                    body: dict[str, Any] = {}
+                    if request.method == "POST":
+                        raw = await read_body(request.scope, request.receive, max_body)
+                        ex.input_bytes = len(raw)
+                        body = _json_object(raw) if raw.strip() else {}
+                    ex.version = str(body.get("version", ""))[:200]
+                    span.set_attribute("relay.model_version", ex.version)
+                    result = await op(body)
+                except RequestRejected as rejection:
+                    ex.reject(rejection)
+                    span.set_attribute("relay.error_code", rejection.code)
+                    headers = {"WWW-Authenticate": "Bearer"} if rejection.status == 401 else {}
+                    worker.record(ex)
+                    return json_response(ex.error_body(), ex.status, headers | _traced(ex))
             worker.record(ex)
-            return json_response(result)
+            return json_response(result, headers=_traced(ex))
 
         handler.__name__ = f"admin_{name}"
         return handler
@@ -214,9 +228,14 @@ def build_app(worker: Worker) -> ASGIApp:
 
     async def latency(body: dict[str, Any]) -> dict[str, Any]:
         if "ms" not in body:
-            raise RequestRejected("missing_field", "body needs 'slot' and 'ms'")
+            raise RequestRejected(
+                "missing_field", "body needs 'slot' and 'ms' (and optionally 'factor', 'stage')"
+            )
         return await worker.set_latency(
-            check_slot(body.get("slot")), body["ms"], body.get("factor", 1.0)
+            check_slot(body.get("slot")),
+            body["ms"],
+            body.get("factor", 1.0),
+            body.get("stage", "compute"),
         )
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -259,6 +278,10 @@ def _authorise(request: Request, token: str) -> None:
         raise RequestRejected(
             "unauthorized", "a valid 'Authorization: Bearer <token>' is required", 401
         )
+
+
+def _traced(ex: Exchange) -> dict[str, str]:
+    return {"traceparent": ex.traceparent} if ex.traceparent else {}
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

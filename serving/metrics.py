@@ -36,6 +36,7 @@ class WorkerSnapshot:
 
     ready: bool
     queue_depth: int
+    queue_depth_by_slot: dict[str, int]  # requests waiting in each slot's batcher
     canary_weight: int
     canary_lease_seconds_left: float  # 0 without a lease
     canary_lease_expirations: int
@@ -51,6 +52,7 @@ class WorkerSnapshot:
     spool_over_cap: bool
     log_wal_ok: bool
     log_wal_failures: int
+    trace_spans: dict[str, int]  # recorded, exported, dropped
 
 
 class ServingMetrics:
@@ -92,6 +94,15 @@ class ServingMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._stage_latency = Histogram(
+            "relay_stage_latency_seconds",
+            "Time a request spent in each stage (queue, preprocess, compute, postprocess), by "
+            "slot: which stage a latency rise comes from.",
+            ["slot", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._stage_children: dict[str, tuple[Callable[[float], None], ...]] = {}
         self._request_children: dict[tuple[str, str, str, int, str], Callable[[], None]] = {}
         self._latency_children: dict[tuple[str, str], Callable[[float], None]] = {}
 
@@ -109,6 +120,22 @@ class ServingMetrics:
             if observe is None:
                 observe = self._latency.labels(slot, version).observe
                 self._latency_children[(slot, version)] = observe
+            observe(seconds)
+
+    def observe_stages(
+        self, slot: str, queue: float, preprocess: float, compute: float, postprocess: float
+    ) -> None:
+        """One answered request's seconds in each stage."""
+        observers = self._stage_children.get(slot)
+        if observers is None:
+            observers = tuple(
+                self._stage_latency.labels(slot, stage).observe
+                for stage in ("queue", "preprocess", "compute", "postprocess")
+            )
+            self._stage_children[slot] = observers
+        for observe, seconds in zip(
+            observers, (queue, preprocess, compute, postprocess), strict=True
+        ):
             observe(seconds)
 
     def observe_batch(self, version: str, timing: BatchTiming) -> None:
@@ -136,6 +163,14 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             "relay_queue_depth", "Requests waiting for an engine call.", value=s.queue_depth
         )
+        by_slot = GaugeMetricFamily(
+            "relay_batcher_queue_depth",
+            "Requests waiting for an engine call, by slot: the signal to scale workers on.",
+            labels=["slot"],
+        )
+        for slot, depth in s.queue_depth_by_slot.items():
+            by_slot.add_metric([slot], depth)
+        yield by_slot
         yield GaugeMetricFamily(
             "relay_canary_weight", "Percent of users routed to the canary.", value=s.canary_weight
         )
@@ -213,4 +248,17 @@ class _StateCollector(Collector):
             "relay_log_wal_failures",
             "Log rows the write-ahead file could not take (kept in memory instead).",
             value=s.log_wal_failures,
+        )
+        spans = CounterMetricFamily(
+            "relay_trace_spans",
+            "Request and admin spans recorded (sampled) and exported over OTLP.",
+            labels=["outcome"],
+        )
+        for outcome in ("recorded", "exported"):
+            spans.add_metric([outcome], s.trace_spans.get(outcome, 0))
+        yield spans
+        yield CounterMetricFamily(
+            "relay_trace_spans_dropped",
+            "Spans dropped: the export queue was full or the collector did not take them.",
+            value=s.trace_spans.get("dropped", 0),
         )

@@ -4,11 +4,14 @@
     prefix = magic b"RL" | version u8 | kind u8 | header_len u32 | payload_len u32  (little-endian)
 
 Kinds and their headers:
-    PREDICT  client -> worker  {id, user, session, context, rows, cols[, request_id]}
+    PREDICT  client -> worker  {id, user, session, context, rows, cols[, request_id][, traceparent]}
              payload: rows x cols little-endian float32 item features (serving.schema.ITEM_FIELDS)
-    RESULT   worker -> client  {id, request_id, slot, model_version, lineage_id, rows}
+    RESULT   worker -> client  {id, request_id, slot, model_version, lineage_id, rows, traceparent}
              payload: rows little-endian float32 scores
-    ERROR    worker -> client  {id, request_id, status, error, detail}; no payload
+    ERROR    worker -> client  {id, request_id, status, error, detail, traceparent}; no payload
+
+`traceparent` is W3C trace context (serving.tracing): the caller's joins its trace; the answer's
+names the worker's span for the request.
     PING     client -> worker  {id};  PONG worker -> client {id}
 
 `id` is the client's own number: stable and canary batch separately, so answers can overtake

@@ -30,6 +30,8 @@ STABLE = "stable"
 CANARY = "canary"
 BASELINE = "baseline"
 SLOTS = (STABLE, CANARY, BASELINE)
+# Where a request's time goes (its inference_logs row splits latency into these).
+STAGES = ("queue", "preprocess", "compute", "postprocess")
 MAX_INJECTED_MS = 60_000.0
 MAX_SLOWDOWN = 100.0
 
@@ -65,11 +67,14 @@ class Injection:
     """Latency added to a slot's requests, to rehearse a slow canary: `ms` plus a slowdown.
 
     `factor` 1.5 makes every request take 1.5x as long as it did (multiplicative, like a slower
-    model), `ms` adds a fixed delay on top.
+    model), `ms` adds a fixed delay on top. `stage` is where the added time is booked in the
+    request's log row and trace, so a test or the demo can plant a cause (a slower model is
+    `compute`, a slower feature pipeline `preprocess`) for root-cause attribution to find.
     """
 
     ms: float = 0.0
     factor: float = 1.0
+    stage: str = "compute"
 
     def extra_s(self, elapsed_s: float) -> float:
         """Seconds to hold a request that has taken `elapsed_s` so far."""
@@ -195,9 +200,15 @@ class RoutingTable(Generic[M]):
         """Weight 0, canary and baseline unloaded. Rolling back with no canary changes nothing."""
         return replace(self, canary=None, baseline=None, canary_weight=0, lease=None)
 
-    def with_latency(self, slot: str, ms: float, factor: float = 1.0) -> RoutingTable[M]:
-        """Requests of `slot` take `factor` times as long, plus `ms`."""
+    def with_latency(
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+    ) -> RoutingTable[M]:
+        """Requests of `slot` take `factor` times as long, plus `ms`, booked to `stage`."""
         check_slot(slot)
+        if stage not in STAGES:
+            raise RequestRejected(
+                "bad_stage", f"stage must be one of {', '.join(STAGES)}, got {stage!r}"
+            )
         if type(ms) not in (int, float) or not 0.0 <= ms <= MAX_INJECTED_MS:
             raise RequestRejected(
                 "bad_latency", f"injected latency must be 0-{MAX_INJECTED_MS:g} ms, got {ms!r}"
@@ -206,7 +217,7 @@ class RoutingTable(Generic[M]):
             raise RequestRejected(
                 "bad_latency", f"slowdown factor must be 1-{MAX_SLOWDOWN:g}, got {factor!r}"
             )
-        injections = {**self.injections, slot: Injection(float(ms), float(factor))}
+        injections = {**self.injections, slot: Injection(float(ms), float(factor), stage)}
         return replace(self, injections=injections)
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 
 from logstore.spool import RequestLogWriter
 from model_store import ModelStore
@@ -33,6 +35,7 @@ from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
 from serving.schema import PredictRequest, RequestRejected
+from serving.tracing import RequestTracer, parent_context, traceparent_of
 
 log = logging.getLogger("serving.worker")
 
@@ -63,12 +66,16 @@ class Exchange:
     user_id: int = 0
     session_id: str = ""
     input_bytes: int = 0
+    rows: int = 0
+    parent: Context | None = None  # the caller's trace, from its traceparent
+    traceparent: str = ""  # this request's span, echoed in the answer once recorded
+    span: Span | None = None  # set when recorded; an admin call's while it runs
     slot: str = ""
     version: str = ""
     lineage_id: str = ""
     t_enqueued: float = 0.0
     injection: Injection | None = None
-    injected_s: float = 0.0  # what the injection actually added, counted as compute
+    injected_s: float = 0.0  # what the injection actually added, booked to its stage
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -81,6 +88,10 @@ class Exchange:
             rejection.code,
             rejection.detail,
         )
+
+    def trace_from(self, traceparent: object) -> None:
+        """Join the caller's trace; a missing or malformed traceparent starts a new one."""
+        self.parent = parent_context(traceparent)
 
     def error_body(self) -> dict[str, Any]:
         return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
@@ -96,6 +107,7 @@ class Worker:
         metrics: ServingMetrics,
         log_writer: RequestLogWriter | None,
         clock: Callable[[], float] = time.monotonic,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock  # what canary leases are measured on; tests pass their own
@@ -104,6 +116,7 @@ class Worker:
         self.log_writer = log_writer
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
+        self.tracer = tracer or RequestTracer(settings, self.worker_id)
         self.draining = False
         self.binary_connections = 0
         self._ids = itertools.count(1)
@@ -130,10 +143,11 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
             request.user_id,
             request.session_id,
             request.input_bytes,
+            request.raw.shape[0],
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -167,8 +181,16 @@ class Worker:
         else:
             ex.scores, ex.batch = scores, batch
         if ex.injection is not None:
-            ex.injected_s = ex.injection.extra_s(time.perf_counter() - ex.t0)
-            asyncio.get_running_loop().call_later(ex.injected_s, done, ex)
+            held_from = time.perf_counter()
+
+            def release() -> None:
+                # What the hold really took, timer lateness included: the time is the
+                # injection's, and booking it elsewhere would plant a second cause.
+                ex.injected_s = time.perf_counter() - held_from
+                done(ex)
+
+            delay = ex.injection.extra_s(held_from - ex.t0)
+            asyncio.get_running_loop().call_later(delay, release)
         else:
             done(ex)
 
@@ -183,21 +205,55 @@ class Worker:
         if batch is not None:
             queue = max(batch.started - ex.t_enqueued, 0.0)
             preprocess = (ex.t_enqueued - ex.t0) + batch.preprocess_s
-            compute = batch.compute_s + ex.injected_s
+            compute = batch.compute_s
             batch_size = batch.requests
         else:
             queue = compute = 0.0
             preprocess = (ex.t_enqueued or now) - ex.t0
             batch_size = 0
+        if ex.injection is not None:  # postprocess, the remainder, takes it without being told
+            stage = ex.injection.stage
+            queue += ex.injected_s if stage == "queue" else 0.0
+            preprocess += ex.injected_s if stage == "preprocess" else 0.0
+            compute += ex.injected_s if stage == "compute" else 0.0
         postprocess = max(latency - queue - preprocess - compute, 0.0)
         self.metrics.observe_request(
             ex.transport, ex.slot, ex.version, ex.status, ex.error_code, latency
         )
+        if ex.status == 200 and ex.transport != ADMIN:
+            self.metrics.observe_stages(ex.slot, queue, preprocess, compute, postprocess)
+        ex.request_id = ex.request_id or self.next_request_id()
+        if ex.span is None:  # an admin call's span is open around it already
+            ex.span = self.tracer.request_span(
+                f"{ex.transport} predict",
+                ex.parent,
+                int(ex.ts * 1e9),
+                {
+                    "queue": queue,
+                    "preprocess": preprocess,
+                    "compute": compute,
+                    "postprocess": postprocess,
+                },
+                lambda: {
+                    "relay.request_id": ex.request_id,
+                    "relay.transport": ex.transport,
+                    "relay.slot": ex.slot,
+                    "relay.model_version": ex.version,
+                    "relay.lineage_id": ex.lineage_id,
+                    "relay.batch_size": batch_size,
+                    "relay.rows": ex.rows,
+                    "relay.input_size_bytes": ex.input_bytes,
+                    "relay.status": ex.status,
+                    "relay.error_code": ex.error_code,
+                },
+                ex.error_code,
+            )
+        ex.traceparent = traceparent_of(ex.span)
         if self.log_writer is not None:
             self.log_writer.append(
                 (
                     ex.ts,
-                    ex.request_id or self.next_request_id(),
+                    ex.request_id,
                     ex.user_id,
                     ex.session_id,
                     ex.slot,
@@ -212,6 +268,8 @@ class Worker:
                     ex.input_bytes,
                     ex.status,
                     ex.error_code,
+                    ex.rows,
+                    ex.traceparent[3:35],  # the trace id
                 )
             )
 
@@ -239,15 +297,18 @@ class Worker:
                     507,
                 )
             try:
-                model = await asyncio.to_thread(
-                    load_model,
-                    self.store,
-                    manifest,
-                    ref,
-                    s.resolved_serving_cache_dir,
-                    threads=s.serving_engine_threads,
-                    max_batch_rows=s.serving_max_batch_rows,
-                )
+                with self.tracer.inner_span(
+                    "load and warm", {"relay.slot": slot, "relay.model_version": manifest.version}
+                ):
+                    model = await asyncio.to_thread(
+                        load_model,
+                        self.store,
+                        manifest,
+                        ref,
+                        s.resolved_serving_cache_dir,
+                        threads=s.serving_engine_threads,
+                        max_batch_rows=s.serving_max_batch_rows,
+                    )
             except Exception as exc:  # store, runtime or warm-up: this version cannot serve here
                 log.exception("loading %s into %s failed", ref, slot)
                 raise RequestRejected("load_failed", f"could not load {ref}: {exc}", 422) from None
@@ -339,10 +400,12 @@ class Worker:
             log.info("rolled back canary %s", canary.version if canary else "(none)")
             return self.state()
 
-    async def set_latency(self, slot: str, ms: float, factor: float = 1.0) -> dict[str, Any]:
+    async def set_latency(
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+    ) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor))
-            log.info("injected latency for %s set to x%s + %s ms", slot, factor, ms)
+            self._swap(self.table.with_latency(slot, ms, factor, stage))
+            log.info("injected latency for %s set to x%s + %s ms in %s", slot, factor, ms, stage)
             return self.state()
 
     def _swap(self, table: RoutingTable[Served]) -> None:
@@ -383,6 +446,7 @@ class Worker:
             "canary_lease": self._lease_state(t),
             "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
             "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
+            "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
             "batching": {
                 "max_rows": self.settings.serving_max_batch_rows,
                 "max_delay_ms": self.settings.serving_max_batch_delay_ms,
@@ -413,6 +477,9 @@ class Worker:
         return WorkerSnapshot(
             ready=self.ready()[0],
             queue_depth=sum(m.batcher.depth for m in t.models()),
+            queue_depth_by_slot={
+                slot: m.batcher.depth for slot in SLOTS if (m := t.model(slot)) is not None
+            },
             canary_weight=t.canary_weight,
             canary_lease_seconds_left=t.lease.seconds_left(self.clock()) if t.lease else 0.0,
             canary_lease_expirations=self.lease_expirations,
@@ -440,6 +507,11 @@ class Worker:
             spool_over_cap=bool(writer and writer.spool.over_cap),
             log_wal_ok=not (writer and writer.wal_error),
             log_wal_failures=stats.wal_failures if stats else 0,
+            trace_spans={
+                "recorded": self.tracer.counts.recorded,
+                "exported": self.tracer.counts.exported,
+                "dropped": self.tracer.counts.dropped,
+            },
         )
 
     async def close(self) -> None:
@@ -450,3 +522,4 @@ class Worker:
         await asyncio.gather(*(m.batcher.close() for m in self.table.models()), *self._retiring)
         if self.log_writer is not None:
             await asyncio.to_thread(self.log_writer.close)
+        await asyncio.to_thread(self.tracer.close)

@@ -35,6 +35,7 @@ from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult
 from tasks.aliases import move_alias
 from tasks.calibration import load_report
+from tasks.tracing import release_span, release_tracer, traced
 
 CHAMPION = "champion"
 Answer = TypeVar("Answer", bound=RunInput)
@@ -213,6 +214,7 @@ def deploy_first_release(settings: Settings, release: Release) -> None:
 
 
 @task(name="deploy-canary", cache_policy=NO_CACHE)
+@traced("deploy canary")
 def deploy_canary(settings: Settings, release: Release, baseline: str, weight: int) -> FleetResult:
     """Load and warm the canary and its baseline on every worker, verify, then set the weight.
 
@@ -243,7 +245,10 @@ def take_canary_out(txn: Transaction) -> None:
     """Weight 0, canary and baseline unloaded on every reachable worker; idempotent. Records the latency."""
     settings = get_settings()
     release: Release = txn.get("release")
-    with FleetClient.from_settings(settings) as fleet:
+    with (
+        release_span(release_tracer(settings), release, "take canary out"),
+        FleetClient.from_settings(settings) as fleet,
+    ):
         result = fleet.rollback()
     latency_ms = (time.time() - txn.get("verdict_at", time.time())) * 1000
     record(
@@ -259,6 +264,7 @@ def take_canary_out(txn: Transaction) -> None:
 
 
 @task(name="set-canary-weight", cache_policy=NO_CACHE)
+@traced("set canary weight")
 def set_canary_weight(settings: Settings, release: Release, weight: int) -> FleetResult:
     """Move every worker's canary weight, after checking they all serve the same ready canary."""
     with FleetClient.from_settings(settings) as fleet:
@@ -309,6 +315,7 @@ def record_decision(settings: Settings, release: Release, gate: GateResult, weig
 
 
 @task(name="promote-canary", cache_policy=NO_CACHE)
+@traced("promote canary")
 def promote_canary(settings: Settings, release: Release, reason: str) -> FleetResult:
     """Canary becomes stable on every worker; champion moves (with history); an event is emitted."""
     with FleetClient.from_settings(settings) as fleet:

@@ -56,6 +56,7 @@ from tasks.sequential import (
     error_shift,
     latency_shift,
 )
+from tasks.tracing import release_tracer, traced
 
 log = logging.getLogger("relay.canary")
 
@@ -286,6 +287,18 @@ def judge_window(
     )
 
 
+def latency_regressed(gate: GateResult) -> bool:
+    """Whether a failed canary verdict rests on latency (its P95 SLO or the ratio to baseline)."""
+    m, t = gate.measurements, gate.thresholds
+    if gate.verdict is not Verdict.failed:
+        return False
+    over_slo = m.get("canary_p95_ms", 0.0) > t.get("max_p95_ms", math.inf)
+    over_baseline = m.get("latency_ratio_low", 0.0) > 1 and m.get("latency_ratio", 0.0) > m.get(
+        "latency_tolerance_ratio", math.inf
+    )
+    return over_slo or over_baseline
+
+
 def _pct(part: float, whole: float) -> str:
     return f"{part / whole:.2%}" if whole else "n/a"
 
@@ -406,6 +419,7 @@ def _table_row(weight: int, window: int, gate: GateResult) -> dict[str, Any]:
 
 
 @task(name="analyse-canary-step", cache_policy=NO_CACHE)
+@traced("canary step")
 def analyse_canary_step(
     settings: Settings,
     release: Release,
@@ -421,11 +435,13 @@ def analyse_canary_step(
     cumulative evidence; every look is a release event and a row of the step's table artifact.
     """
     urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+    tracer = release_tracer(settings)  # each window (and its lease renewals) in the release's trace
 
     def run_window() -> tuple[datetime, datetime]:
         # The canary's weight is leased: renewed now, while the window runs and as it ends, so
         # that it lapses on every worker within one lease of this process dying.
         with ExitStack() as renewal:
+            renewal.enter_context(tracer.start_as_current_span("analysis window"))
             if weight > 0:
                 fleet = renewal.enter_context(FleetClient.from_settings(settings))
                 renewal.enter_context(fleet.renewing(settings.serving_canary_lease_s))

@@ -113,6 +113,16 @@ def test_injected_latency_is_per_slot_and_bounded() -> None:
             table.with_latency(CANARY, 0, bad_factor)  # type: ignore[arg-type]
 
 
+def test_injected_latency_targets_one_stage_and_refuses_unknown_ones() -> None:
+    table = RoutingTable(stable=OLD).with_latency(CANARY, 20, stage="preprocess")
+    assert table.injection(CANARY) == Injection(20.0, 1.0, "preprocess")
+    assert RoutingTable(stable=OLD).with_latency(CANARY, 20).injection(CANARY).stage == "compute"
+    with pytest.raises(RequestRejected) as info:
+        table.with_latency(CANARY, 20, stage="network")
+    assert info.value.code == "bad_stage" and "network" in info.value.detail
+    assert table.injection(CANARY).stage == "preprocess"
+
+
 def test_slowdown_multiplies_the_time_a_request_took() -> None:
     slow = RoutingTable(stable=OLD).with_latency(CANARY, 0, 1.5).injection(CANARY)
     assert slow.extra_s(0.020) == pytest.approx(0.010)  # 20 ms becomes 30 ms

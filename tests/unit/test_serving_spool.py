@@ -44,6 +44,8 @@ def rows(n: int, tag: str | None = None) -> list[LogRow]:
             800,
             200,
             "",
+            20,
+            f"{i:032x}",
         )
         for i in range(n)
     ]
