@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from logstore import wal
+from logstore.log_tables import LogTable
 from logstore.wal import WalFile
 from relay.errors import LogStoreError
 
@@ -79,6 +80,9 @@ LogRow = tuple[
 ]
 
 
+INFERENCE_LOGS = LogTable(TABLE, SCHEMA, ("request_id",))
+
+
 class LogServer(Protocol):
     """The part of a clickhouse-connect client the log path uses."""
 
@@ -87,15 +91,18 @@ class LogServer(Protocol):
     def query(self, query: str, parameters: dict[str, Any] | None = None) -> Any: ...
 
 
-def rows_to_table(rows: Sequence[LogRow]) -> pa.Table:
-    """Rows as an Arrow table with the inference_logs column types."""
-    columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [[]] * len(COLUMNS)
+def rows_to_table(rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS) -> pa.Table:
+    """Rows as an Arrow table with the table's column types (inference_logs by default)."""
+    schema = table.schema
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [[]] * len(schema.names)
+    )
     ts_ms = [round(t * 1000) for t in columns[0]]
-    arrays = [pa.array(ts_ms, type=pa.int64()).cast(SCHEMA.field("ts").type)]
+    arrays = [pa.array(ts_ms, type=pa.int64()).cast(schema.field("ts").type)]
     arrays += [
-        pa.array(col, type=SCHEMA.field(i).type) for i, col in enumerate(columns[1:], start=1)
+        pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns[1:], start=1)
     ]
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,10 @@ class SpoolBacklog:
 class SpoolWriter:
     """Writes immutable segments into a spool folder and watches its size against a cap."""
 
-    def __init__(self, spool_dir: Path, max_bytes: int, prefix: str) -> None:
+    def __init__(
+        self, spool_dir: Path, max_bytes: int, prefix: str, table: LogTable = INFERENCE_LOGS
+    ) -> None:
+        self.table = table
         self.dir = spool_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -123,9 +133,10 @@ class SpoolWriter:
         """A fresh segment id, unique across workers and restarts; names sort by time."""
         return f"{self.prefix}-{time.time_ns()}-{next(self._seq):06d}"
 
-    def write(self, rows: Sequence[LogRow], segment_id: str | None = None) -> Path:
+    def write(self, rows: Sequence[Sequence[Any]], segment_id: str | None = None) -> Path:
         """Write rows as one segment (temp name, fsync, rename) and return its path."""
-        final = write_segment(self.dir, f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}", rows)
+        name = f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}"
+        final = write_segment(self.dir, name, rows, self.table)
         self.check_cap()
         return final
 
@@ -148,8 +159,9 @@ class SpoolWriter:
         now = time.monotonic()
         if over and (not self.over_cap or now - self._last_alarm > 60):
             log.error(
-                "inference-log spool %s holds %d bytes in %d segments, over its cap of %d: "
+                "%s spool %s holds %d bytes in %d segments, over its cap of %d: "
                 "nothing is ingesting it; rows are still kept, the worker reports not-ready",
+                self.table.name,
                 self.dir,
                 self.backlog.bytes,
                 self.backlog.segments,
@@ -157,18 +169,20 @@ class SpoolWriter:
             )
             self._last_alarm = now
         elif self.over_cap and not over:
-            log.warning("inference-log spool %s is back under its cap", self.dir)
+            log.warning("%s spool %s is back under its cap", self.table.name, self.dir)
         self.over_cap = over
         return self.backlog
 
 
-def write_segment(directory: Path, name: str, rows: Sequence[LogRow]) -> Path:
+def write_segment(
+    directory: Path, name: str, rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS
+) -> Path:
     """`rows` as the Parquet file `directory/name`, which appears whole or not at all."""
     final = directory / name
     tmp = directory / f".tmp-{name}"
     try:
         with open(tmp, "wb") as f:
-            pq.write_table(rows_to_table(rows), f, compression="zstd")
+            pq.write_table(rows_to_table(rows, table), f, compression="zstd")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -221,7 +235,7 @@ class WalRecovery:
     torn_bytes: int  # the unfinished last records dropped (requests never answered)
 
 
-def recover_wals(spool_dir: Path) -> WalRecovery:
+def recover_wals(spool_dir: Path, table: LogTable = INFERENCE_LOGS) -> WalRecovery:
     """Turn every dead worker's write-ahead file into a segment, once; leave live ones alone."""
     if not spool_dir.exists():
         return WalRecovery(0, 0, 0)
@@ -240,7 +254,8 @@ def recover_wals(spool_dir: Path) -> WalRecovery:
                     # An .inserting file's rows may already be in ClickHouse: as a claimed
                     # segment they are inserted only if absent.
                     tail = INGESTING_SUFFIX if path.name.endswith(INSERTING_SUFFIX) else ""
-                    write_segment(spool_dir, f"{segment_id}{SEGMENT_SUFFIX}{tail}", recovered)
+                    name = f"{segment_id}{SEGMENT_SUFFIX}{tail}"
+                    write_segment(spool_dir, name, recovered, table)
                 rows += len(recovered)
                 torn += dropped
             path.unlink(missing_ok=True)
@@ -249,10 +264,11 @@ def recover_wals(spool_dir: Path) -> WalRecovery:
             os.close(fd)
     if files:
         log.warning(
-            "recovered %d request-log write-ahead file(s) of stopped workers in %s: %d rows, "
+            "recovered %d request-log write-ahead file(s) of stopped workers in %s%s: %d rows, "
             "%d bytes of unfinished last records dropped",
             files,
             spool_dir,
+            "" if table is INFERENCE_LOGS else f" for the {table.name} table",
             rows,
             torn,
         )
@@ -268,25 +284,27 @@ class IngestReport:
     recovered: int  # segments a crashed ingester had left half-way, finished now
 
 
-def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
-    """Insert every finished segment into inference_logs, each exactly once, then delete it.
+def ingest_spool(
+    client: LogServer, spool_dir: Path, table: LogTable = INFERENCE_LOGS
+) -> IngestReport:
+    """Insert every finished segment into its table, each exactly once, then delete it.
 
     Dead workers' write-ahead files become segments first; a segment whose write-ahead file
     still exists is left for the next call (its writer has not finished rotating it).
     """
     if not spool_dir.exists():
         return IngestReport(0, 0, 0)
-    recover_wals(spool_dir)
+    recover_wals(spool_dir, table)
     segments = rows = recovered = 0
     for leftover in sorted(spool_dir.glob(f"*{INGESTING_SUFFIX}")):
         if leftover.name.startswith(".") or _has_wal(
             spool_dir, leftover.name.removesuffix(SEGMENT_SUFFIX + INGESTING_SUFFIX)
         ):
             continue
-        table = pq.read_table(leftover, schema=SCHEMA)
-        if not _already_inserted(client, table):
-            _insert(client, table, leftover)
-            rows += table.num_rows
+        found = pq.read_table(leftover, schema=table.schema)
+        if not _already_inserted(client, found, table):
+            _insert(client, found, leftover, table)
+            rows += found.num_rows
         leftover.unlink()
         recovered += 1
     for segment in sorted(spool_dir.glob(f"*{SEGMENT_SUFFIX}")):
@@ -297,36 +315,36 @@ def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
             os.rename(segment, claimed)  # atomic: of two ingesters, one wins each segment
         except FileNotFoundError:
             continue
-        table = pq.read_table(claimed, schema=SCHEMA)
-        _insert(client, table, claimed)
+        found = pq.read_table(claimed, schema=table.schema)
+        _insert(client, found, claimed, table)
         claimed.unlink()
         segments += 1
-        rows += table.num_rows
+        rows += found.num_rows
     return IngestReport(segments, rows, recovered)
 
 
-def _insert(client: LogServer, table: pa.Table, path: Path) -> None:
+def _insert(client: LogServer, rows: pa.Table, path: Path, table: LogTable) -> None:
     # One block per segment: ClickHouse applies a block whole or not at all, which is what
     # lets a crashed ingestion be checked afterwards by looking for the segment's rows.
     try:
-        client.insert_arrow(TABLE, table)
+        client.insert_arrow(table.name, rows)
     except Exception as exc:  # the driver raises several types; all mean "not inserted"
         raise LogStoreError(f"could not insert spool segment {path}: {exc}") from exc
 
 
-def _already_inserted(client: LogServer, table: pa.Table) -> bool:
-    if table.num_rows == 0:
+def _already_inserted(client: LogServer, rows: pa.Table, table: LogTable) -> bool:
+    if rows.num_rows == 0:
         return True
-    ts = table.column("ts")
-    ids = table.column("request_id")
+    ts = rows.column("ts")
+    # Table and key names are LogTable constants, never input; values are bound parameters.
     found = client.query(
-        "SELECT count() FROM inference_logs "
+        f"SELECT count() FROM {table.name} "
         "WHERE ts >= {lo:DateTime64(3, 'UTC')} AND ts <= {hi:DateTime64(3, 'UTC')} "
-        "AND request_id IN {ids:Array(String)}",
+        f"AND {table.key_sql()} IN {{ids:Array(String)}}",
         parameters={
             "lo": pc.min(ts).as_py(),
             "hi": pc.max(ts).as_py(),
-            "ids": sorted({ids[0].as_py(), ids[-1].as_py()}),
+            "ids": sorted({table.key_of(rows, 0), table.key_of(rows, rows.num_rows - 1)}),
         },
     ).result_rows[0][0]
     return int(found) > 0
@@ -358,7 +376,7 @@ class _Batch:
 
     segment_id: str
     wal: WalFile | None
-    rows: list[LogRow] = field(default_factory=list)
+    rows: list[Sequence[Any]] = field(default_factory=list)
 
     def retire(self) -> None:
         if self.wal is not None:
@@ -407,7 +425,7 @@ class RequestLogWriter:
             batches = [*self._sealed, *([self._open] if self._open else [])]
             return sum(len(b.rows) for b in batches)
 
-    def append(self, row: LogRow) -> None:
+    def append(self, row: Sequence[Any]) -> None:
         """Write one row ahead and queue it; on the request path, before the answer is sent."""
         payload = orjson.dumps(row)
         with self._lock:
@@ -429,7 +447,7 @@ class RequestLogWriter:
 
     def start(self) -> None:
         """Recover stopped workers' write-ahead files, then start writing in the background."""
-        recover_wals(self.spool.dir)
+        recover_wals(self.spool.dir, self.spool.table)
         self.spool.check_cap()
         self._thread.start()
 
@@ -552,7 +570,9 @@ class RequestLogWriter:
                 # From here on, recovery must ask ClickHouse whether these rows arrived.
                 held.rename(held.path.with_name(held.path.name + INSERTING_SUFFIX))
             try:
-                server.insert_arrow(TABLE, rows_to_table(batch.rows))
+                server.insert_arrow(
+                    self.spool.table.name, rows_to_table(batch.rows, self.spool.table)
+                )
             except Exception as exc:  # any failure: the rows go to the spool instead
                 self.stats.insert_failures += 1
                 self._mark_down(exc)
@@ -596,23 +616,9 @@ class RequestLogWriter:
     def _drain(self, server: LogServer) -> None:
         if self._server_down_since is None and not self.spool.backlog.segments:
             return
-        report = ingest_spool(server, self.spool.dir)
+        report = ingest_spool(server, self.spool.dir, self.spool.table)
         self.stats.rows_drained += report.rows
         if self._server_down_since is not None:
             log.warning("ClickHouse is back; drained %d spooled rows", report.rows)
         self._server_down_since = None
         self.spool.check_cap()
-
-
-def connect_for_reading(dsn: str, spool_dir: Path) -> Any:
-    """A client for reading inference logs that include every row the fleet has logged so far.
-
-    Embedded (chdb): the workers spool their rows and the reader ingests them first. With a
-    ClickHouse server the workers insert directly (draining their own spool), so nothing to do.
-    """
-    from logstore.client import connect
-
-    client = connect(dsn)
-    if dsn.startswith("chdb://"):
-        ingest_spool(client, spool_dir)
-    return client

@@ -92,6 +92,12 @@ class ServingMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._feedback = Counter(
+            "relay_feedback_events",
+            "Feedback events accepted (outcome 'accepted') or bodies refused (the error code).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, str, int, str], Callable[[], None]] = {}
         self._latency_children: dict[tuple[str, str], Callable[[float], None]] = {}
 
@@ -110,6 +116,9 @@ class ServingMetrics:
                 observe = self._latency.labels(slot, version).observe
                 self._latency_children[(slot, version)] = observe
             observe(seconds)
+
+    def observe_feedback(self, outcome: str, events: int) -> None:
+        self._feedback.labels(outcome).inc(events)
 
     def observe_batch(self, version: str, timing: BatchTiming) -> None:
         self._batch_requests.labels(version).observe(timing.requests)

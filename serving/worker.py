@@ -29,6 +29,7 @@ from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
+from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
@@ -69,6 +70,7 @@ class Exchange:
     t_enqueued: float = 0.0
     injection: Injection | None = None
     injected_s: float = 0.0  # what the injection actually added, counted as compute
+    raw: np.ndarray | None = None  # the request's raw features, for its impressions rows
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -96,12 +98,14 @@ class Worker:
         metrics: ServingMetrics,
         log_writer: RequestLogWriter | None,
         clock: Callable[[], float] = time.monotonic,
+        feedback_log: FeedbackLog | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock  # what canary leases are measured on; tests pass their own
         self.store = store
         self.metrics = metrics
         self.log_writer = log_writer
+        self.feedback_log = feedback_log
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.draining = False
@@ -130,10 +134,11 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.raw = (
             request.user_id,
             request.session_id,
             request.input_bytes,
+            request.raw,
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -213,6 +218,17 @@ class Worker:
                     ex.status,
                     ex.error_code,
                 )
+            )
+        if self.feedback_log is not None and ex.scores is not None and ex.raw is not None:
+            self.feedback_log.write_impressions(
+                ex.ts,
+                ex.request_id,
+                ex.slot,
+                ex.version,
+                ex.lineage_id,
+                ex.session_id,
+                ex.raw,
+                ex.scores,
             )
 
     # -- admin ---------------------------------------------------------------------------------
@@ -366,6 +382,9 @@ class Worker:
                 False,
                 f"cannot write log rows ahead, keeping them in memory: {self.log_writer.wal_error}",
             )
+        problem = self.feedback_log.problem() if self.feedback_log is not None else None
+        if problem is not None:
+            return False, problem
         return True, "ready"
 
     def state(self) -> dict[str, Any]:
@@ -450,3 +469,5 @@ class Worker:
         await asyncio.gather(*(m.batcher.close() for m in self.table.models()), *self._retiring)
         if self.log_writer is not None:
             await asyncio.to_thread(self.log_writer.close)
+        if self.feedback_log is not None:
+            await asyncio.to_thread(self.feedback_log.close)

@@ -21,8 +21,8 @@ from prefect.cache_policies import NO_CACHE
 
 import logstore
 from logstore.events import sample_window
+from logstore.reading import connect_for_reading
 from logstore.slo import SlotStats, query_slot_stats
-from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
