@@ -53,6 +53,11 @@ SELECT count(),
 FROM feedback
 WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
 """
+_FEATURES_SQL = (
+    f"SELECT ts, session_id, {', '.join(FEATURE_NAMES)} FROM impressions "
+    "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
+    "ORDER BY cityHash64(request_id, rank) LIMIT {rows:UInt32}"
+)
 _IMPRESSIONS_SQL = """
 SELECT count() FROM impressions
 WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
@@ -89,6 +94,15 @@ def sample_labelled_window(
     """Up to `rows` labelled events of [start, end), a deterministic sample by a content hash."""
     frame = client.query_df(_SAMPLE_SQL, parameters={"start": start, "end": end, "rows": rows})
     return frame[list(EVENT_COLUMNS)] if not frame.empty else frame
+
+
+def sample_impressions(client: Client, start: datetime, end: datetime, rows: int) -> pd.DataFrame:
+    """Up to `rows` impressions of [start, end): the features the model saw, with ts and session."""
+    frame = client.query_df(_FEATURES_SQL, parameters={"start": start, "end": end, "rows": rows})
+    if frame.empty:
+        columns = ("ts", "session_id", *FEATURE_NAMES)
+        return pd.DataFrame({name: pd.Series(dtype="float64") for name in columns})
+    return frame
 
 
 def feedback_counts(client: Client, start: datetime, end: datetime) -> FeedbackCounts:

@@ -31,6 +31,14 @@ class TrainingWindow:
     def __str__(self) -> str:
         return f"[{self.start.isoformat()}, {self.end.isoformat()})"
 
+    @classmethod
+    def parse(cls, text: str) -> TrainingWindow:
+        """The window `str(window)` wrote (as kept in a version's lineage). Raises ValueError."""
+        if not (text.startswith("[") and text.endswith(")") and ", " in text):
+            raise ValueError(f"not a training window: {text!r}")
+        start, end = text[1:-1].split(", ", 1)
+        return cls(datetime.fromisoformat(start), datetime.fromisoformat(end))
+
 
 @dataclass(frozen=True)
 class ExpectationOutcome:
