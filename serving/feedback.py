@@ -121,26 +121,31 @@ def sampled(request_id: str, rate: float) -> bool:
     return int.from_bytes(digest, "little") < rate * 2**64
 
 
-def impression_rows(
-    ts: float,
-    request_id: str,
-    slot: str,
-    version: str,
-    lineage_id: str,
-    session_id: str,
-    raw: np.ndarray,
-    scores: np.ndarray,
-) -> list[tuple[Any, ...]]:
+@dataclass(frozen=True)
+class Answered:
+    """An answered predict request, as its impressions need it."""
+
+    ts: float
+    request_id: str
+    slot: str
+    version: str
+    lineage_id: str
+    session_id: str
+    raw: np.ndarray  # (n, 27) raw features in serving.schema.RAW_ORDER
+    scores: np.ndarray  # (n,)
+
+
+def impression_rows(answered: Answered) -> list[tuple[Any, ...]]:
     """One impressions row per candidate (logstore.log_tables.IMPRESSIONS column order)."""
+    scores = np.asarray(answered.scores, dtype=np.float64)
     n = len(scores)
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
     rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(1, n + 1)
-    categorical = raw[:, _CAT_INDEX].astype(np.uint64).tolist()
-    dense = raw[:, _DENSE_INDEX].tolist()
-    head = (ts, request_id)
-    tail = (slot, version, lineage_id, session_id)
-    ranks, values = rank.tolist(), np.asarray(scores, dtype=np.float64).tolist()
+    rank[np.argsort(-scores, kind="stable")] = np.arange(1, n + 1)
+    categorical = answered.raw[:, _CAT_INDEX].astype(np.uint64).tolist()
+    dense = answered.raw[:, _DENSE_INDEX].tolist()
+    head = (answered.ts, answered.request_id)
+    tail = (answered.slot, answered.version, answered.lineage_id, answered.session_id)
+    ranks, values = rank.tolist(), scores.tolist()
     return [(*head, ranks[i], *tail, values[i], *categorical[i], *dense[i]) for i in range(n)]
 
 
@@ -165,21 +170,11 @@ class FeedbackLog:
     def writers(self) -> tuple[RequestLogWriter, RequestLogWriter]:
         return (self.impressions, self.feedback)
 
-    def write_impressions(
-        self,
-        ts: float,
-        request_id: str,
-        slot: str,
-        version: str,
-        lineage_id: str,
-        session_id: str,
-        raw: np.ndarray,
-        scores: np.ndarray,
-    ) -> int:
+    def write_impressions(self, answered: Answered) -> int:
         """Write an answered request's impressions ahead (if sampled); the rows written."""
-        if not sampled(request_id, self.sample_rate):
+        if not sampled(answered.request_id, self.sample_rate):
             return 0
-        rows = impression_rows(ts, request_id, slot, version, lineage_id, session_id, raw, scores)
+        rows = impression_rows(answered)
         for row in rows:
             self.impressions.append(row)
         return len(rows)

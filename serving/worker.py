@@ -29,7 +29,7 @@ from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
-from serving.feedback import FeedbackLog
+from serving.feedback import Answered, FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
@@ -221,14 +221,16 @@ class Worker:
             )
         if self.feedback_log is not None and ex.scores is not None and ex.raw is not None:
             self.feedback_log.write_impressions(
-                ex.ts,
-                ex.request_id,
-                ex.slot,
-                ex.version,
-                ex.lineage_id,
-                ex.session_id,
-                ex.raw,
-                ex.scores,
+                Answered(
+                    ex.ts,
+                    ex.request_id,
+                    ex.slot,
+                    ex.version,
+                    ex.lineage_id,
+                    ex.session_id,
+                    ex.raw,
+                    ex.scores,
+                )
             )
 
     # -- admin ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from logstore.log_tables import IMPRESSION_COLUMNS, IMPRESSIONS
 from logstore.spool import rows_to_table
 from relay.features import FEATURE_NAMES
-from serving.feedback import decode_feedback, impression_rows, sampled
+from serving.feedback import Answered, decode_feedback, impression_rows, sampled
 from serving.schema import RequestRejected, decode_json
 from tests.unit.test_serving_schema import make_doc
 
@@ -82,7 +82,7 @@ def test_impression_rows_hold_the_models_features_and_the_rank_its_scores_gave()
     doc = make_doc(n=4, seed=3)
     request = decode_json(orjson.dumps(doc), 100)
     scores = np.array([0.1, 0.9, 0.5, 0.9], dtype=np.float32)
-    rows = impression_rows(1.7e9, "r", "stable", "v1", "l1", "s-1", request.raw, scores)
+    rows = impression_rows(Answered(1.7e9, "r", "stable", "v1", "l1", "s-1", request.raw, scores))
     table = rows_to_table(rows, IMPRESSIONS)
     assert table.column_names == list(IMPRESSION_COLUMNS)
     assert table.column("rank").to_pylist() == [4, 1, 3, 2]  # ties keep the request's order
