@@ -129,9 +129,10 @@ def prepare_reference(frame: pd.DataFrame, rules: DriftRules) -> Reference:
     x = dense_vectors(frame)
     mean, std = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-9)
     z = (x - mean) / std
-    sessions = frame["session_id"].to_numpy()
-    unique = np.unique(sessions)
-    first_half = np.isin(sessions, rng.permutation(unique)[: len(unique) // 2])
+    codes, unique = pd.factorize(frame["session_id"])
+    in_first = np.zeros(len(unique), dtype=bool)
+    in_first[rng.permutation(len(unique))[: len(unique) // 2]] = True
+    first_half = in_first[codes]
     a = z[first_half][rng.permutation(int(first_half.sum()))]
     b = z[~first_half][rng.permutation(int((~first_half).sum()))]
     null = _batch_scores(a[-rules.history :], b[:NULL_VECTORS], rules)
