@@ -198,10 +198,14 @@ def decode_rows(data: bytes) -> tuple[list[LogRow], int]:
     decoded: list[LogRow] = []
     for i, payload in enumerate(payloads):
         try:
-            decoded.append(cast(LogRow, tuple(orjson.loads(payload))))
+            value = orjson.loads(payload)
         except orjson.JSONDecodeError:  # only a bug writes this; keep what came before it
             log.error("undecodable write-ahead record %d: dropping it and what follows", i)
             return decoded, torn + sum(len(p) + wal.HEADER.size for p in payloads[i:])
+        if value and isinstance(value[0], list):  # a group of rows (append_group)
+            decoded.extend(cast(LogRow, tuple(row)) for row in value)
+        else:
+            decoded.append(cast(LogRow, tuple(value)))
     return decoded, torn
 
 
@@ -427,7 +431,17 @@ class RequestLogWriter:
 
     def append(self, row: Sequence[Any]) -> None:
         """Write one row ahead and queue it; on the request path, before the answer is sent."""
-        payload = orjson.dumps(row)
+        self._write_ahead(orjson.dumps(row), (row,))
+
+    def append_group(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Write several rows ahead as one record (they survive all or none) and queue them.
+
+        A request's impressions are one record: one copy and one lock instead of one per row.
+        """
+        if rows:
+            self._write_ahead(orjson.dumps(rows), rows)  # a list of rows; decode_rows tells
+
+    def _write_ahead(self, payload: bytes, rows: Sequence[Sequence[Any]]) -> None:
         with self._lock:
             batch = self._open
             if batch is None:
@@ -439,8 +453,8 @@ class RequestLogWriter:
                     batch.wal.retire()  # a row larger than a whole file: memory only
                     batch.wal = None
             if batch.wal is None:
-                self.stats.wal_failures += 1
-            batch.rows.append(row)
+                self.stats.wal_failures += len(rows)
+            batch.rows.extend(rows)
             if len(batch.rows) >= self._batch_rows:
                 self._sealed.append(batch)
                 self._open = None

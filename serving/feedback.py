@@ -175,8 +175,7 @@ class FeedbackLog:
         if not sampled(answered.request_id, self.sample_rate):
             return 0
         rows = impression_rows(answered)
-        for row in rows:
-            self.impressions.append(row)
+        self.impressions.append_group(rows)
         return len(rows)
 
     def write_feedback(self, batch: FeedbackBatch) -> list[str]:

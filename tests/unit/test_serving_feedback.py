@@ -98,3 +98,26 @@ def test_sampling_keeps_a_stable_share_of_requests() -> None:
     assert 0.09 < len(kept) / len(ids) < 0.11
     assert kept == [i for i in ids if sampled(i, 0.1)]  # the same requests every time
     assert all(sampled(i, 1.0) for i in ids[:100]) and not any(sampled(i, 0.0) for i in ids[:100])
+
+
+def test_a_requests_impressions_are_one_record_that_recovery_expands(tmp_path) -> None:
+    from logstore import wal
+    from logstore.spool import RequestLogWriter, SpoolWriter, decode_rows
+
+    doc = make_doc(n=5, seed=4)
+    request = decode_json(orjson.dumps(doc), 100)
+    scores = np.linspace(0.1, 0.5, 5, dtype=np.float32)
+    rows = impression_rows(Answered(1.7e9, "r9", "canary", "v", "l", "s", request.raw, scores))
+    writer = RequestLogWriter(
+        SpoolWriter(tmp_path, 1 << 30, "w", IMPRESSIONS),
+        connect_server=None,
+        flush_s=3600,
+        batch_rows=100,
+    )
+    writer.append_group(rows)
+    (wal_file,) = tmp_path.glob("*.wal")
+    data = wal_file.read_bytes()
+    decoded, torn = decode_rows(data)
+    assert torn == 0 and [list(r) for r in decoded] == [list(r) for r in rows]
+    assert len(wal.parse(data)[0]) == 1  # five rows, one record: they survive all or none
+    writer.close()
