@@ -331,7 +331,7 @@ def start_fleet(tmp: Path) -> Bench:
 
 
 def record_loads(bench: Bench, seconds: float) -> list[Load]:
-    from logstore.spool import connect_for_reading
+    from logstore.reading import connect_for_reading
     from relay.settings import get_settings
     from serving.fleet import FleetClient
     from simulation.traffic import LiveTraffic, drive

@@ -83,6 +83,7 @@ def retrain_and_release(
     batch_size: Annotated[int, Field(ge=32, le=65_536)] = TRAINING.batch_size,
     seed: int = TRAINING.seed,
     min_rows: Annotated[int, Field(ge=1)] = DATA.min_rows,
+    train_on_served: bool = True,
     actor: str = "schedule",
     deploy: bool = True,
     max_kl: Annotated[float, Field(gt=0)] = BLESSING.max_kl,
@@ -109,7 +110,7 @@ def retrain_and_release(
     window = window_ending(window_end, window_days)
     workdir = run_workdir(settings)
 
-    frame = read_training_window(settings, window)
+    frame = read_training_window(settings, window, served=train_on_served)
     validate_training_data(frame, window, DataLimits(min_rows=min_rows))
     trained = train_ctr_model(
         frame, TrainConfig(seed=seed, epochs=epochs, batch_size=batch_size), workdir

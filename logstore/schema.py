@@ -113,4 +113,65 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE inference_logs ADD COLUMN IF NOT EXISTS trace_id String DEFAULT ''",
         ),
     ),
+    Migration(
+        4,
+        "impressions, feedback",
+        (
+            # One row per candidate the fleet scored and returned: the 27 features exactly as
+            # the model saw them, the rank its score gave the item (where the shopper sees it),
+            # and which model and slot served it.
+            """
+            CREATE TABLE IF NOT EXISTS impressions (
+                ts DateTime64(3, 'UTC'),
+                request_id String,
+                rank UInt16,
+                slot LowCardinality(String),
+                model_version String,
+                lineage_id String,
+                session_id String,
+                score Float32,
+                -- categorical features as the request carried them (the model hashes or clips them)
+                user_id UInt64,
+                item_id UInt64,
+                category_id UInt64,
+                brand_id UInt64,
+                device_type UInt64,
+                hour UInt64,
+                weekday UInt64,
+                position UInt64,
+                region_id UInt64,
+                price Float32,
+                discount_pct Float32,
+                item_rating Float32,
+                item_review_count Float32,
+                item_age_days Float32,
+                item_ctr_7d Float32,
+                item_impressions_7d Float32,
+                user_age Float32,
+                user_tenure_days Float32,
+                user_clicks_30d Float32,
+                user_orders_30d Float32,
+                user_ctr_30d Float32,
+                user_avg_price Float32,
+                user_category_affinity Float32,
+                session_depth Float32,
+                session_duration_s Float32,
+                seconds_since_last_click Float32,
+                price_to_user_avg Float32
+            ) ENGINE = MergeTree ORDER BY (ts, request_id)
+            """,
+            # What users did with an impression, keyed by request id and item. Production click
+            # streams may insert here directly; feedback_id makes each row's origin traceable.
+            """
+            CREATE TABLE IF NOT EXISTS feedback (
+                ts DateTime64(3, 'UTC'),
+                feedback_id String,
+                request_id String,
+                item_id UInt64,
+                event LowCardinality(String),
+                order_value Float64
+            ) ENGINE = MergeTree ORDER BY (request_id, item_id, ts)
+            """,
+        ),
+    ),
 )

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from logstore import wal
+from logstore.log_tables import LogTable
 from logstore.wal import WalFile
 from relay.errors import LogStoreError
 
@@ -99,7 +100,9 @@ LogRow = tuple[
     int,
     str,
 ]
-_LATER_DEFAULTS = tuple(LATER_COLUMNS.values())
+
+
+INFERENCE_LOGS = LogTable(TABLE, SCHEMA, ("request_id",), later=tuple(LATER_COLUMNS.items()))
 
 
 class LogServer(Protocol):
@@ -110,15 +113,18 @@ class LogServer(Protocol):
     def query(self, query: str, parameters: dict[str, Any] | None = None) -> Any: ...
 
 
-def rows_to_table(rows: Sequence[LogRow]) -> pa.Table:
-    """Rows as an Arrow table with the inference_logs column types."""
-    columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [[]] * len(COLUMNS)
+def rows_to_table(rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS) -> pa.Table:
+    """Rows as an Arrow table with the table's column types (inference_logs by default)."""
+    schema = table.schema
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [[]] * len(schema.names)
+    )
     ts_ms = [round(t * 1000) for t in columns[0]]
-    arrays = [pa.array(ts_ms, type=pa.int64()).cast(SCHEMA.field("ts").type)]
+    arrays = [pa.array(ts_ms, type=pa.int64()).cast(schema.field("ts").type)]
     arrays += [
-        pa.array(col, type=SCHEMA.field(i).type) for i, col in enumerate(columns[1:], start=1)
+        pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns[1:], start=1)
     ]
-    return pa.Table.from_arrays(arrays, schema=SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,10 @@ class SpoolBacklog:
 class SpoolWriter:
     """Writes immutable segments into a spool folder and watches its size against a cap."""
 
-    def __init__(self, spool_dir: Path, max_bytes: int, prefix: str) -> None:
+    def __init__(
+        self, spool_dir: Path, max_bytes: int, prefix: str, table: LogTable = INFERENCE_LOGS
+    ) -> None:
+        self.table = table
         self.dir = spool_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -146,9 +155,10 @@ class SpoolWriter:
         """A fresh segment id, unique across workers and restarts; names sort by time."""
         return f"{self.prefix}-{time.time_ns()}-{next(self._seq):06d}"
 
-    def write(self, rows: Sequence[LogRow], segment_id: str | None = None) -> Path:
+    def write(self, rows: Sequence[Sequence[Any]], segment_id: str | None = None) -> Path:
         """Write rows as one segment (temp name, fsync, rename) and return its path."""
-        final = write_segment(self.dir, f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}", rows)
+        name = f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}"
+        final = write_segment(self.dir, name, rows, self.table)
         self.check_cap()
         return final
 
@@ -171,8 +181,9 @@ class SpoolWriter:
         now = time.monotonic()
         if over and (not self.over_cap or now - self._last_alarm > 60):
             log.error(
-                "inference-log spool %s holds %d bytes in %d segments, over its cap of %d: "
+                "%s spool %s holds %d bytes in %d segments, over its cap of %d: "
                 "nothing is ingesting it; rows are still kept, the worker reports not-ready",
+                self.table.name,
                 self.dir,
                 self.backlog.bytes,
                 self.backlog.segments,
@@ -180,29 +191,31 @@ class SpoolWriter:
             )
             self._last_alarm = now
         elif self.over_cap and not over:
-            log.warning("inference-log spool %s is back under its cap", self.dir)
+            log.warning("%s spool %s is back under its cap", self.table.name, self.dir)
         self.over_cap = over
         return self.backlog
 
 
-def read_segment(path: Path) -> pa.Table:
-    """A segment as an inference_logs table; columns it predates are filled with their defaults."""
-    table = pq.read_table(path, schema=SCHEMA)
-    for name, default in LATER_COLUMNS.items():
-        column = table.column(name)
+def read_segment(path: Path, table: LogTable = INFERENCE_LOGS) -> pa.Table:
+    """A segment as a `table` table; columns it predates are filled with their defaults."""
+    found = pq.read_table(path, schema=table.schema)
+    for name, default in table.later:
+        column = found.column(name)
         if column.null_count:
-            filled = pc.fill_null(column, pa.scalar(default, SCHEMA.field(name).type))
-            table = table.set_column(table.schema.get_field_index(name), name, filled)
-    return table
+            filled = pc.fill_null(column, pa.scalar(default, table.schema.field(name).type))
+            found = found.set_column(found.schema.get_field_index(name), name, filled)
+    return found
 
 
-def write_segment(directory: Path, name: str, rows: Sequence[LogRow]) -> Path:
+def write_segment(
+    directory: Path, name: str, rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS
+) -> Path:
     """`rows` as the Parquet file `directory/name`, which appears whole or not at all."""
     final = directory / name
     tmp = directory / f".tmp-{name}"
     try:
         with open(tmp, "wb") as f:
-            pq.write_table(rows_to_table(rows), f, compression="zstd")
+            pq.write_table(rows_to_table(rows, table), f, compression="zstd")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -212,19 +225,21 @@ def write_segment(directory: Path, name: str, rows: Sequence[LogRow]) -> Path:
     return final
 
 
-def decode_rows(data: bytes) -> tuple[list[LogRow], int]:
-    """The rows of a write-ahead file's bytes, and the bytes of torn tail dropped after them."""
+def decode_rows(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[list[LogRow], int]:
+    """The rows of a write-ahead file's bytes, and the bytes of torn tail dropped after them.
+
+    A row written by a worker that predates `table`'s later columns gets their defaults.
+    """
     payloads, torn = wal.parse(data)
     decoded: list[LogRow] = []
     for i, payload in enumerate(payloads):
         try:
-            fields = tuple(orjson.loads(payload))
-            if len(fields) < len(COLUMNS):  # written by a worker that predates later columns
-                fields += _LATER_DEFAULTS[len(fields) - len(COLUMNS) :]
-            decoded.append(cast(LogRow, fields))
+            value = orjson.loads(payload)
         except orjson.JSONDecodeError:  # only a bug writes this; keep what came before it
             log.error("undecodable write-ahead record %d: dropping it and what follows", i)
             return decoded, torn + sum(len(p) + wal.HEADER.size for p in payloads[i:])
+        rows = value if value and isinstance(value[0], list) else [value]  # append_group's
+        decoded.extend(cast(LogRow, table.complete(tuple(row))) for row in rows)
     return decoded, torn
 
 
@@ -258,7 +273,7 @@ class WalRecovery:
     torn_bytes: int  # the unfinished last records dropped (requests never answered)
 
 
-def recover_wals(spool_dir: Path) -> WalRecovery:
+def recover_wals(spool_dir: Path, table: LogTable = INFERENCE_LOGS) -> WalRecovery:
     """Turn every dead worker's write-ahead file into a segment, once; leave live ones alone."""
     if not spool_dir.exists():
         return WalRecovery(0, 0, 0)
@@ -272,12 +287,13 @@ def recover_wals(spool_dir: Path) -> WalRecovery:
             continue  # a live worker's, or already recovered by someone else
         try:
             if not _has_segment(spool_dir, segment_id):  # else: rotated, only not yet deleted
-                recovered, dropped = decode_rows(wal.read_all(fd))
+                recovered, dropped = decode_rows(wal.read_all(fd), table)
                 if recovered:
                     # An .inserting file's rows may already be in ClickHouse: as a claimed
                     # segment they are inserted only if absent.
                     tail = INGESTING_SUFFIX if path.name.endswith(INSERTING_SUFFIX) else ""
-                    write_segment(spool_dir, f"{segment_id}{SEGMENT_SUFFIX}{tail}", recovered)
+                    name = f"{segment_id}{SEGMENT_SUFFIX}{tail}"
+                    write_segment(spool_dir, name, recovered, table)
                 rows += len(recovered)
                 torn += dropped
             path.unlink(missing_ok=True)
@@ -286,10 +302,11 @@ def recover_wals(spool_dir: Path) -> WalRecovery:
             os.close(fd)
     if files:
         log.warning(
-            "recovered %d request-log write-ahead file(s) of stopped workers in %s: %d rows, "
+            "recovered %d request-log write-ahead file(s) of stopped workers in %s%s: %d rows, "
             "%d bytes of unfinished last records dropped",
             files,
             spool_dir,
+            "" if table is INFERENCE_LOGS else f" for the {table.name} table",
             rows,
             torn,
         )
@@ -305,25 +322,27 @@ class IngestReport:
     recovered: int  # segments a crashed ingester had left half-way, finished now
 
 
-def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
-    """Insert every finished segment into inference_logs, each exactly once, then delete it.
+def ingest_spool(
+    client: LogServer, spool_dir: Path, table: LogTable = INFERENCE_LOGS
+) -> IngestReport:
+    """Insert every finished segment into its table, each exactly once, then delete it.
 
     Dead workers' write-ahead files become segments first; a segment whose write-ahead file
     still exists is left for the next call (its writer has not finished rotating it).
     """
     if not spool_dir.exists():
         return IngestReport(0, 0, 0)
-    recover_wals(spool_dir)
+    recover_wals(spool_dir, table)
     segments = rows = recovered = 0
     for leftover in sorted(spool_dir.glob(f"*{INGESTING_SUFFIX}")):
         if leftover.name.startswith(".") or _has_wal(
             spool_dir, leftover.name.removesuffix(SEGMENT_SUFFIX + INGESTING_SUFFIX)
         ):
             continue
-        table = read_segment(leftover)
-        if not _already_inserted(client, table):
-            _insert(client, table, leftover)
-            rows += table.num_rows
+        found = read_segment(leftover, table)
+        if not _already_inserted(client, found, table):
+            _insert(client, found, leftover, table)
+            rows += found.num_rows
         leftover.unlink()
         recovered += 1
     for segment in sorted(spool_dir.glob(f"*{SEGMENT_SUFFIX}")):
@@ -334,36 +353,36 @@ def ingest_spool(client: LogServer, spool_dir: Path) -> IngestReport:
             os.rename(segment, claimed)  # atomic: of two ingesters, one wins each segment
         except FileNotFoundError:
             continue
-        table = read_segment(claimed)
-        _insert(client, table, claimed)
+        found = read_segment(claimed, table)
+        _insert(client, found, claimed, table)
         claimed.unlink()
         segments += 1
-        rows += table.num_rows
+        rows += found.num_rows
     return IngestReport(segments, rows, recovered)
 
 
-def _insert(client: LogServer, table: pa.Table, path: Path) -> None:
+def _insert(client: LogServer, rows: pa.Table, path: Path, table: LogTable) -> None:
     # One block per segment: ClickHouse applies a block whole or not at all, which is what
     # lets a crashed ingestion be checked afterwards by looking for the segment's rows.
     try:
-        client.insert_arrow(TABLE, table)
+        client.insert_arrow(table.name, rows)
     except Exception as exc:  # the driver raises several types; all mean "not inserted"
         raise LogStoreError(f"could not insert spool segment {path}: {exc}") from exc
 
 
-def _already_inserted(client: LogServer, table: pa.Table) -> bool:
-    if table.num_rows == 0:
+def _already_inserted(client: LogServer, rows: pa.Table, table: LogTable) -> bool:
+    if rows.num_rows == 0:
         return True
-    ts = table.column("ts")
-    ids = table.column("request_id")
+    ts = rows.column("ts")
+    # Table and key names are LogTable constants, never input; values are bound parameters.
     found = client.query(
-        "SELECT count() FROM inference_logs "
+        f"SELECT count() FROM {table.name} "
         "WHERE ts >= {lo:DateTime64(3, 'UTC')} AND ts <= {hi:DateTime64(3, 'UTC')} "
-        "AND request_id IN {ids:Array(String)}",
+        f"AND {table.key_sql()} IN {{ids:Array(String)}}",
         parameters={
             "lo": pc.min(ts).as_py(),
             "hi": pc.max(ts).as_py(),
-            "ids": sorted({ids[0].as_py(), ids[-1].as_py()}),
+            "ids": sorted({table.key_of(rows, 0), table.key_of(rows, rows.num_rows - 1)}),
         },
     ).result_rows[0][0]
     return int(found) > 0
@@ -395,7 +414,7 @@ class _Batch:
 
     segment_id: str
     wal: WalFile | None
-    rows: list[LogRow] = field(default_factory=list)
+    rows: list[Sequence[Any]] = field(default_factory=list)
 
     def retire(self) -> None:
         if self.wal is not None:
@@ -444,9 +463,19 @@ class RequestLogWriter:
             batches = [*self._sealed, *([self._open] if self._open else [])]
             return sum(len(b.rows) for b in batches)
 
-    def append(self, row: LogRow) -> None:
+    def append(self, row: Sequence[Any]) -> None:
         """Write one row ahead and queue it; on the request path, before the answer is sent."""
-        payload = orjson.dumps(row)
+        self._write_ahead(orjson.dumps(row), (row,))
+
+    def append_group(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Write several rows ahead as one record (they survive all or none) and queue them.
+
+        A request's impressions are one record: one copy and one lock instead of one per row.
+        """
+        if rows:
+            self._write_ahead(orjson.dumps(rows), rows)  # a list of rows; decode_rows tells
+
+    def _write_ahead(self, payload: bytes, rows: Sequence[Sequence[Any]]) -> None:
         with self._lock:
             batch = self._open
             if batch is None:
@@ -458,15 +487,15 @@ class RequestLogWriter:
                     batch.wal.retire()  # a row larger than a whole file: memory only
                     batch.wal = None
             if batch.wal is None:
-                self.stats.wal_failures += 1
-            batch.rows.append(row)
+                self.stats.wal_failures += len(rows)
+            batch.rows.extend(rows)
             if len(batch.rows) >= self._batch_rows:
                 self._sealed.append(batch)
                 self._open = None
 
     def start(self) -> None:
         """Recover stopped workers' write-ahead files, then start writing in the background."""
-        recover_wals(self.spool.dir)
+        recover_wals(self.spool.dir, self.spool.table)
         self.spool.check_cap()
         self._thread.start()
 
@@ -589,7 +618,9 @@ class RequestLogWriter:
                 # From here on, recovery must ask ClickHouse whether these rows arrived.
                 held.rename(held.path.with_name(held.path.name + INSERTING_SUFFIX))
             try:
-                server.insert_arrow(TABLE, rows_to_table(batch.rows))
+                server.insert_arrow(
+                    self.spool.table.name, rows_to_table(batch.rows, self.spool.table)
+                )
             except Exception as exc:  # any failure: the rows go to the spool instead
                 self.stats.insert_failures += 1
                 self._mark_down(exc)
@@ -633,23 +664,9 @@ class RequestLogWriter:
     def _drain(self, server: LogServer) -> None:
         if self._server_down_since is None and not self.spool.backlog.segments:
             return
-        report = ingest_spool(server, self.spool.dir)
+        report = ingest_spool(server, self.spool.dir, self.spool.table)
         self.stats.rows_drained += report.rows
         if self._server_down_since is not None:
             log.warning("ClickHouse is back; drained %d spooled rows", report.rows)
         self._server_down_since = None
         self.spool.check_cap()
-
-
-def connect_for_reading(dsn: str, spool_dir: Path) -> Any:
-    """A client for reading inference logs that include every row the fleet has logged so far.
-
-    Embedded (chdb): the workers spool their rows and the reader ingests them first. With a
-    ClickHouse server the workers insert directly (draining their own spool), so nothing to do.
-    """
-    from logstore.client import connect
-
-    client = connect(dsn)
-    if dsn.startswith("chdb://"):
-        ingest_spool(client, spool_dir)
-    return client

@@ -111,6 +111,16 @@ class Settings(BaseSettings):
         default=True,
         description="Write one inference_logs row per request (off only to benchmark).",
     )
+    serving_impression_sample_rate: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of answered requests whose candidates are logged as impressions "
+        "(chosen by a hash of the request id); lower it in production to bound the log volume.",
+    )
+    serving_max_feedback_events: int = Field(
+        default=100, ge=1, description="Most events in one POST /v1/feedback body."
+    )
     serving_binary_idle_s: float = Field(
         default=60.0, gt=0.0, description="Binary connections silent this long are closed."
     )

@@ -22,11 +22,13 @@ from prometheus_client import disable_created_metrics
 from pydantic import ValidationError
 
 import logstore
-from logstore.spool import RequestLogWriter, SpoolWriter
+from logstore.log_tables import FEEDBACK, IMPRESSIONS, LogTable
+from logstore.spool import INFERENCE_LOGS, RequestLogWriter, SpoolWriter
 from model_store import open_store
 from relay.errors import RelayError
 from relay.settings import Settings, get_settings
 from serving.binary import BinaryServer
+from serving.feedback import FeedbackLog
 from serving.http import build_app, server_config
 from serving.metrics import ServingMetrics
 from serving.routing import STABLE
@@ -36,17 +38,20 @@ from serving.worker import Worker
 log = logging.getLogger("serving")
 
 
-def build_log_writer(settings: Settings) -> RequestLogWriter | None:
-    """Where request rows go: a ClickHouse server directly (spool as fallback), else the spool."""
+def build_log_writer(
+    settings: Settings, table: LogTable = INFERENCE_LOGS
+) -> RequestLogWriter | None:
+    """Where a log table's rows go: a ClickHouse server directly (spool as fallback), else the spool."""
     if not settings.serving_request_log:
         return None
     dsn = settings.resolved_clickhouse_dsn
     # chdb allows one process per path and the log store's owner holds it: never open it here.
     connect = None if dsn.startswith("chdb://") else (lambda: logstore.connect(dsn))
     spool = SpoolWriter(
-        settings.resolved_spool_dir,
+        table.spool_dir(settings.resolved_spool_dir),
         settings.serving_spool_max_bytes,
         prefix=f"{socket.gethostname()}-{secrets.token_hex(4)}",
+        table=table,
     )
     return RequestLogWriter(
         spool,
@@ -54,6 +59,17 @@ def build_log_writer(settings: Settings) -> RequestLogWriter | None:
         flush_s=settings.serving_log_flush_ms / 1000,
         batch_rows=settings.serving_log_batch_rows,
     )
+
+
+def build_feedback_log(settings: Settings) -> FeedbackLog | None:
+    """Impressions and feedback through the same durable path; off with the request log."""
+    impressions = build_log_writer(settings, IMPRESSIONS)
+    feedback = build_log_writer(settings, FEEDBACK)
+    if impressions is None or feedback is None:
+        return None
+    # Feedback ids only need to be unique across workers and restarts, as segment ids are.
+    prefix = f"{socket.gethostname()}-{secrets.token_hex(4)}"
+    return FeedbackLog(impressions, feedback, settings.serving_impression_sample_rate, prefix)
 
 
 class Shutdown:
@@ -76,9 +92,14 @@ class Shutdown:
 async def serve(settings: Settings, shutdown: Shutdown) -> None:
     """Run the worker until told to exit, then drain and write every log row."""
     writer = build_log_writer(settings)
-    worker = Worker(settings, open_store(settings), ServingMetrics(), writer)
+    feedback_log = build_feedback_log(settings)
+    worker = Worker(
+        settings, open_store(settings), ServingMetrics(), writer, feedback_log=feedback_log
+    )
     if writer is not None:
         writer.start()  # recovers stopped workers' write-ahead files first
+    if feedback_log is not None:
+        feedback_log.start()
     worker.start()
     binary = BinaryServer(worker, settings.serving_binary_idle_s)
     binary_port = await binary.start(settings.serving_host, settings.serving_binary_port)

@@ -22,12 +22,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from serving.feedback import decode_feedback
 from serving.routing import check_slot
 from serving.schema import RequestRejected, decode_json
 from serving.worker import ADMIN, Exchange, Worker
 
 JSON = "application/json"
 PREDICT_PATH = "/v1/predict"
+FEEDBACK_PATH = "/v1/feedback"
 AdminOp = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -238,6 +240,25 @@ def build_app(worker: Worker) -> ASGIApp:
             body.get("stage", "compute"),
         )
 
+    async def feedback(request: Request) -> Response:
+        """Clicks and orders on one served request's items; 202 once they are written ahead."""
+        log = worker.feedback_log
+        try:
+            if log is None:
+                raise RequestRejected(
+                    "feedback_disabled", "this worker keeps no request log: feedback is off", 503
+                )
+            raw = await read_body(request.scope, request.receive, max_body)
+            batch = decode_feedback(raw, settings.serving_max_feedback_events)
+        except RequestRejected as rejection:
+            worker.metrics.observe_feedback(rejection.code, 1)
+            return json_response(
+                {"error": rejection.code, "detail": rejection.detail}, rejection.status
+            )
+        ids = log.write_feedback(batch)
+        worker.metrics.observe_feedback("accepted", len(ids))
+        return json_response({"accepted": len(ids), "feedback_ids": ids}, 202)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
@@ -249,6 +270,7 @@ def build_app(worker: Worker) -> ASGIApp:
     routes = [
         # Listed so that other methods get a 405; POST never reaches Starlette (with_predict).
         Route(PREDICT_PATH, predict_elsewhere, methods=["POST"]),
+        Route(FEEDBACK_PATH, feedback, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

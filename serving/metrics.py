@@ -103,6 +103,12 @@ class ServingMetrics:
             registry=self.registry,
         )
         self._stage_children: dict[str, tuple[Callable[[float], None], ...]] = {}
+        self._feedback = Counter(
+            "relay_feedback_events",
+            "Feedback events accepted (outcome 'accepted') or bodies refused (the error code).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, str, int, str], Callable[[], None]] = {}
         self._latency_children: dict[tuple[str, str], Callable[[float], None]] = {}
 
@@ -137,6 +143,9 @@ class ServingMetrics:
             observers, (queue, preprocess, compute, postprocess), strict=True
         ):
             observe(seconds)
+
+    def observe_feedback(self, outcome: str, events: int) -> None:
+        self._feedback.labels(outcome).inc(events)
 
     def observe_batch(self, version: str, timing: BatchTiming) -> None:
         self._batch_requests.labels(version).observe(timing.requests)

@@ -31,6 +31,7 @@ from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
+from serving.feedback import Answered, FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
@@ -76,6 +77,7 @@ class Exchange:
     t_enqueued: float = 0.0
     injection: Injection | None = None
     injected_s: float = 0.0  # what the injection actually added, booked to its stage
+    raw: np.ndarray | None = None  # the request's raw features, for its impressions rows
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -108,12 +110,14 @@ class Worker:
         log_writer: RequestLogWriter | None,
         clock: Callable[[], float] = time.monotonic,
         tracer: RequestTracer | None = None,
+        feedback_log: FeedbackLog | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock  # what canary leases are measured on; tests pass their own
         self.store = store
         self.metrics = metrics
         self.log_writer = log_writer
+        self.feedback_log = feedback_log
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.tracer = tracer or RequestTracer(settings, self.worker_id)
@@ -143,11 +147,12 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.rows, ex.raw = (
             request.user_id,
             request.session_id,
             request.input_bytes,
             request.raw.shape[0],
+            request.raw,
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -270,6 +275,19 @@ class Worker:
                     ex.error_code,
                     ex.rows,
                     ex.traceparent[3:35],  # the trace id
+                )
+            )
+        if self.feedback_log is not None and ex.scores is not None and ex.raw is not None:
+            self.feedback_log.write_impressions(
+                Answered(
+                    ex.ts,
+                    ex.request_id,
+                    ex.slot,
+                    ex.version,
+                    ex.lineage_id,
+                    ex.session_id,
+                    ex.raw,
+                    ex.scores,
                 )
             )
 
@@ -429,6 +447,9 @@ class Worker:
                 False,
                 f"cannot write log rows ahead, keeping them in memory: {self.log_writer.wal_error}",
             )
+        problem = self.feedback_log.problem() if self.feedback_log is not None else None
+        if problem is not None:
+            return False, problem
         return True, "ready"
 
     def state(self) -> dict[str, Any]:
@@ -523,3 +544,5 @@ class Worker:
         if self.log_writer is not None:
             await asyncio.to_thread(self.log_writer.close)
         await asyncio.to_thread(self.tracer.close)
+        if self.feedback_log is not None:
+            await asyncio.to_thread(self.feedback_log.close)

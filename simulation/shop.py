@@ -19,6 +19,10 @@ from relay.features import LABEL
 N_CATEGORIES = 64
 N_BRANDS = 2_000
 DEVICES = ("web", "ios", "android")
+# Ids are offset so they look like real ids rather than row numbers; shoppers subtract them to
+# find the latent attributes behind an id (simulation.shoppers).
+USER_ID_OFFSET = 1_000_000
+ITEM_ID_OFFSET = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -187,13 +191,12 @@ def generate_events(
     )
     clicks_30d = rng.poisson(pop.user_activity[user] * 3)
 
-    # Ids are offset so they look like real ids rather than row numbers.
     return pd.DataFrame(
         {
             "ts": ts,
             "session_id": np.char.add(f"s{chunk}-", session.astype(str)).astype(object),
-            "user_id": (user + 1_000_000).astype(np.uint64),
-            "item_id": (item + 5_000_000).astype(np.uint64),
+            "user_id": (user + USER_ID_OFFSET).astype(np.uint64),
+            "item_id": (item + ITEM_ID_OFFSET).astype(np.uint64),
             "category_id": category.astype(np.uint16),
             "brand_id": pop.item_brand[item].astype(np.uint32),
             "device_type": device.astype(np.uint8),

@@ -1,7 +1,10 @@
 """Live traffic for the embedded setup: shoppers calling the serving fleet during a canary.
 
 Each simulated session sends a few predict requests (20 candidates from the shop) to the fleet,
-paced to a target rate and bounded in count and time. The latency each shopper experiences is
+paced to a target rate and bounded in count and time. Each answered feed is clicked (and
+ordered from) by the shop's ground truth at the positions the served scores gave
+(`simulation.shoppers`), and what the shopper did is posted to `/v1/feedback`. An optional
+planted drift (`simulation.drift`) shifts the candidates' features. The latency each shopper experiences is
 measured on the client, and their session's length, orders and GMV are drawn from it by
 `simulation.sessions.session_outcomes`, so GMV responds to real serving latency. In production
 this module is off: the flow reads real traffic.
@@ -16,14 +19,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 import numpy as np
 import pandas as pd
 
 from serving.schema import CONTEXT_FIELDS, ITEM_FIELDS, SESSION_FIELDS, USER_FIELDS
+from simulation.drift import Drift, apply_drift
 from simulation.sessions import session_outcomes
-from simulation.shop import DEVICES, ShopConfig, generate_events
+from simulation.shop import DEVICES, ShopConfig, generate_events, make_population
+from simulation.shoppers import SERVE_POSITION, feedback_body
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class LiveTraffic:
     concurrency: int = 8
     gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
     seed: int = 0
+    feedback: bool = True  # shoppers click and order on what was served, and say so
+    drift: Drift | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.rate_rps <= 5_000:
@@ -53,6 +61,8 @@ class TrafficReport:
     requests: int = 0
     failed: int = 0  # transport errors and non-200 answers
     by_slot: dict[str, int] = field(default_factory=dict)
+    clicks_by_slot: dict[str, int] = field(default_factory=dict)
+    feedback_failed: int = 0
     sessions: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
@@ -105,6 +115,10 @@ def drive(
         days=0.05,
         chunk=traffic.seed,
     )
+    events["position"] = SERVE_POSITION
+    if traffic.drift is not None:
+        events = apply_drift(events, traffic.drift, np.random.default_rng(traffic.seed))
+    population = make_population(shop or ShopConfig()) if traffic.feedback else None
     bodies = request_bodies(events, traffic.candidates)
     run = uuid.uuid4().hex[:8]
     session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
@@ -113,6 +127,8 @@ def drive(
 
     latencies = np.full(len(bodies), np.nan)
     slots: list[str | None] = [None] * len(bodies)
+    clicks = np.zeros(len(bodies), dtype=np.int64)
+    feedback_failed = np.zeros(len(bodies), dtype=bool)
     lock = threading.Lock()
     next_index = 0
     started = time.monotonic()
@@ -138,9 +154,14 @@ def drive(
                 response = client.post(f"{urls[i % len(urls)]}/v1/predict", json=bodies[i])
                 if response.status_code == 200:
                     latencies[i] = (time.perf_counter() - sent) * 1000
-                    slots[i] = response.json()["slot"]
+                    answer = response.json()
+                    slots[i] = answer["slot"]
+                    if population is not None:
+                        clicks[i] = _send_feedback(
+                            client, urls[i % len(urls)], population, bodies[i], answer, traffic, i
+                        )
             except httpx.HTTPError:
-                pass
+                feedback_failed[i] = not np.isnan(latencies[i])
 
     with ThreadPoolExecutor(traffic.concurrency) as pool:
         clients = [httpx.Client(timeout=10.0) for _ in range(traffic.concurrency)]
@@ -153,11 +174,32 @@ def drive(
     sent_mask = np.arange(len(bodies)) < min(next_index, len(bodies))
     report = TrafficReport(requests=int(sent_mask.sum()))
     report.failed = int((sent_mask & np.isnan(latencies)).sum())
-    for slot in slots:
+    for slot, clicked in zip(slots, clicks.tolist(), strict=True):
         if slot is not None:
             report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
+            report.clicks_by_slot[slot] = report.clicks_by_slot.get(slot, 0) + clicked
+    report.feedback_failed = int(feedback_failed.sum())
     report.sessions = _sessions(bodies, session_of, latencies, traffic)
     return report
+
+
+def _send_feedback(
+    client: httpx.Client,
+    url: str,
+    population: Any,
+    body: dict,
+    answer: dict,
+    traffic: LiveTraffic,
+    i: int,
+) -> int:
+    """Post the shopper's clicks and orders on one answered feed; the clicks sent."""
+    rng = np.random.default_rng([traffic.seed, i])
+    fb = feedback_body(population, body, answer["request_id"], answer["scores"], rng)
+    if fb is None:
+        return 0
+    response = client.post(f"{url}/v1/feedback", json=fb)
+    response.raise_for_status()
+    return sum(e["event"] == "click" for e in fb["events"])
 
 
 def _sessions(

@@ -42,7 +42,7 @@ from dowhy.gcm.shapley import ShapleyApproximationMethods, ShapleyConfig
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from logstore.spool import connect_for_reading
+from logstore.reading import connect_for_reading
 from logstore.stage_samples import STAGE_COLUMNS, StageSample, sample_stage_rows
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict

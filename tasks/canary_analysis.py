@@ -34,6 +34,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import logstore
+from logstore.reading import connect_for_reading
 from logstore.slo import (
     CohortSums,
     PairedSeconds,
@@ -42,7 +43,6 @@ from logstore.slo import (
     query_paired_seconds,
     query_rank_test,
 )
-from logstore.spool import connect_for_reading
 from relay.errors import LogStoreError
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict

@@ -14,6 +14,8 @@ from prefect.cache_policies import NO_CACHE
 
 import logstore
 from logstore.events import EVENT_COLUMNS, read_window
+from logstore.feedback import LABEL_DELAY, read_labelled_window
+from logstore.reading import connect_for_reading
 from relay.errors import DataValidationFailed, LogStoreError
 from relay.features import CATEGORICAL, DENSE, LABEL
 from relay.settings import Settings
@@ -28,6 +30,14 @@ class TrainingWindow:
 
     def __str__(self) -> str:
         return f"[{self.start.isoformat()}, {self.end.isoformat()})"
+
+    @classmethod
+    def parse(cls, text: str) -> TrainingWindow:
+        """The window `str(window)` wrote (as kept in a version's lineage). Raises ValueError."""
+        if not (text.startswith("[") and text.endswith(")") and ", " in text):
+            raise ValueError(f"not a training window: {text!r}")
+        start, end = text[1:-1].split(", ", 1)
+        return cls(datetime.fromisoformat(start), datetime.fromisoformat(end))
 
 
 @dataclass(frozen=True)
@@ -180,12 +190,35 @@ def failure_message(report: DataReport, window: TrainingWindow) -> str:
     return "\n".join(lines)
 
 
+def with_served(events: pd.DataFrame, served: pd.DataFrame) -> pd.DataFrame:
+    """Seeded (or production) events and labelled served impressions as one window, by time."""
+    if served.empty:
+        return events
+    if events.empty:
+        return served.reset_index(drop=True)
+    joined = pd.concat([events, served], ignore_index=True)
+    return joined.sort_values("ts", kind="stable", ignore_index=True)
+
+
 @task(name="read-training-window", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def read_training_window(settings: Settings, window: TrainingWindow) -> pd.DataFrame:
-    """The window's events from ClickHouse, by SQL."""
+def read_training_window(
+    settings: Settings, window: TrainingWindow, served: bool = False
+) -> pd.DataFrame:
+    """The window's events from ClickHouse, by SQL; with `served`, plus its labelled impressions.
+
+    Feedback on traffic seconds old has not all arrived, so served impressions newer than
+    LABEL_DELAY are left out rather than read as unclicked.
+    """
     try:
-        client = logstore.connect(settings.resolved_clickhouse_dsn)
-        return read_window(client, window.start, window.end)
+        if not served:
+            client = logstore.connect(settings.resolved_clickhouse_dsn)
+            return read_window(client, window.start, window.end)
+        client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
+        labelled_end = min(window.end, datetime.now(UTC) - LABEL_DELAY)
+        return with_served(
+            read_window(client, window.start, window.end),
+            read_labelled_window(client, window.start, labelled_end),
+        )
     except LogStoreError:
         raise
     except Exception as exc:

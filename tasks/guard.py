@@ -1,8 +1,9 @@
 """The release guard: after promotion, is the champion still healthy and still good?
 
 Rules (the seed's): roll back to the previous blessed version when the champion's live SLO is
-breached over the window, or when its AUC on fresh labelled events has dropped by more than the
-limit against the baseline AND it carries more than the traffic-share limit AND it fails the
+breached over the window, or when its AUC on fresh labelled events (the fleet's impressions joined
+with their clicks and orders, `logstore.feedback`) has dropped by more than the limit against the
+baseline AND it carries more than the traffic-share limit AND it fails the
 calibration check.
 
 No evidence is `inconclusive`, never `passed`, for the live SLO and the quality rule alike. The
@@ -19,10 +20,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-import logstore
-from logstore.events import sample_window
+from logstore.feedback import LABEL_DELAY, sample_labelled_window
+from logstore.reading import connect_for_reading
 from logstore.slo import SlotStats, query_slot_stats
-from logstore.spool import connect_for_reading
 from model_store import open_store
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
@@ -152,6 +152,22 @@ def quality_rule(
     )
 
 
+def missing_quality_evidence(
+    baseline: str | None, labelled: int, clicks: int, recent_hours: float, limits: GuardLimits
+) -> str | None:
+    """Why the quality rule cannot be measured on the labelled impressions, or None if it can."""
+    if baseline is None:
+        return "no previous champion to compare with"
+    if labelled < limits.min_labelled_events:
+        return (
+            f"{labelled} labelled impressions (served, joined with feedback) in the last "
+            f"{recent_hours:g} h, fewer than {limits.min_labelled_events}"
+        )
+    if clicks == 0 or clicks == labelled:
+        return f"the {labelled} labelled impressions hold {clicks} clicks: AUC is undefined"
+    return None
+
+
 def decide(live: GateResult, quality: GateResult, fleet: GateResult | None = None) -> GateResult:
     """The guard's verdict: error, else failed (roll back), else passed only if every rule passed.
 
@@ -238,25 +254,25 @@ def assess_champion_quality(
     limits: GuardLimits,
     workdir: Path,
 ) -> GateResult:
-    """AUC and calibration of the champion vs the previous champion on fresh labelled events."""
+    """AUC and calibration of the champion vs the previous champion on fresh labelled events:
+    the fleet's impressions of the last `recent_hours` joined with their clicks and orders
+    (the newest LABEL_DELAY left out while its feedback arrives)."""
     store = open_store(settings)
     baseline = previous_version(
         [e.version for e in store.alias_history(CHAMPION)], champion.version
     )
-    end = datetime.now(UTC)
-    frame = sample_window(
-        logstore.connect(settings.resolved_clickhouse_dsn),
-        end - timedelta(hours=recent_hours),
-        end,
-        50_000,
-    )
-    if baseline is None or len(frame) < limits.min_labelled_events:
-        why = (
-            "no previous champion to compare with"
-            if baseline is None
-            else f"{len(frame)} labelled events in the last {recent_hours:g} h, fewer than {limits.min_labelled_events}"
+    end = datetime.now(UTC) - LABEL_DELAY
+    client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
+    frame = sample_labelled_window(client, end - timedelta(hours=recent_hours), end, 50_000)
+    clicks = int(frame[LABEL].sum()) if len(frame) else 0
+    why = missing_quality_evidence(baseline, len(frame), clicks, recent_hours, limits)
+    if why is not None or baseline is None:
+        gate = GateResult(
+            gate="quality",
+            verdict=Verdict.inconclusive,
+            reason=why or "no previous champion to compare with",
+            measurements={"labelled_impressions": float(len(frame)), "clicks": float(clicks)},
         )
-        gate = GateResult(gate="quality", verdict=Verdict.inconclusive, reason=why)
     else:
         x, labels = to_model_input(frame), frame[LABEL].to_numpy().astype(np.int64)
         champion_scores = score_version(store, store.get_manifest(champion.version), x, workdir)
@@ -272,6 +288,7 @@ def assess_champion_quality(
         )
         drop = report.baseline.auc - report.candidate.auc if report.baseline else None
         gate = quality_rule(drop, traffic_share, report.blessed, limits)
+        gate.measurements |= {"labelled_impressions": float(len(frame)), "clicks": float(clicks)}
     record(
         settings,
         champion,

@@ -23,7 +23,7 @@ from logstore.impact import (
     read_latency_profile,
     read_session_outcomes,
 )
-from logstore.spool import connect_for_reading
+from logstore.reading import connect_for_reading
 from model_store import open_store
 from relay.errors import VersionNotFound
 from relay.settings import Settings

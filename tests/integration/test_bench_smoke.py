@@ -41,6 +41,8 @@ COMMANDS: dict[str, str] = {
     "rollback": "--cycles 1 --rps 20 --events 4000",
     "impact": "--rows 20000",
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
+    "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
+    "--reference-rows 4000 --cost-rows 2000",
 }
 
 
@@ -175,3 +177,13 @@ def test_smoke_runs_leave_bench_results_alone(runs):
     for run in runs.runs.values():
         run.finish()
     assert _digests() == runs.results_before
+
+
+def test_bench_drift_reports_every_detector_side_by_side(runs):
+    figures = runs["drift"].finish()
+    (block,) = figures["by_window_size"]
+    assert set(block["false_alarm_rate"]) == {"distance_score", "per_feature", "combined"}
+    assert len(block["shifts"]) == 6  # three kinds, small and large
+    shift = block["shifts"]["device_mix_large"]
+    assert shift["detection_rate"]["combined"]["n"] == 2
+    assert "combined_s" in figures["cost_per_window"]

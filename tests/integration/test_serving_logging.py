@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import logstore
+from logstore.reading import LOG_TABLES
 from logstore.spool import ingest_spool
 from relay.errors import ServingError
 from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
@@ -282,7 +283,8 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
         clickhouse = logstore.connect(settings.resolved_clickhouse_dsn)
         deadline = time.monotonic() + 10
         while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
-            ingest_spool(clickhouse, tmp_path / "spool")
+            for table in LOG_TABLES:  # request rows, and the impressions their answers wrote
+                ingest_spool(clickhouse, table.spool_dir(tmp_path / "spool"), table)
             time.sleep(0.2)
         assert http.get("/readyz").status_code == 200  # back under the cap
     log = stranded.log_text()

@@ -1,10 +1,11 @@
 from datetime import UTC, datetime
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from simulation.shop import ShopConfig, generate_events
-from tasks.data import DataLimits, failure_message, validate_frame, window_ending
+from tasks.data import DataLimits, failure_message, validate_frame, window_ending, with_served
 
 LIMITS = DataLimits(min_rows=1_000)
 
@@ -61,3 +62,11 @@ def test_too_few_rows_and_message_lists_each_failure(good):
 def test_window_must_have_positive_length():
     with pytest.raises(ValueError, match="window_days must be positive"):
         window_ending(None, 0)
+
+
+def test_served_impressions_join_the_window_in_time_order() -> None:
+    events = pd.DataFrame({"ts": pd.to_datetime([1, 3], unit="s", utc=True), "clicked": [0, 1]})
+    served = pd.DataFrame({"ts": pd.to_datetime([2], unit="s", utc=True), "clicked": [1]})
+    joined = with_served(events, served)
+    assert joined["ts"].is_monotonic_increasing and joined["clicked"].tolist() == [0, 1, 1]
+    assert with_served(events, served.iloc[:0]) is events

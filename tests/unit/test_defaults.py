@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from flows.drift import drift_watch
 from flows.guard import release_guard
 from flows.impact import impact_report
 from flows.release import retrain_and_release
@@ -28,6 +29,7 @@ from simulation.traffic import LiveTraffic
 from tasks.calibration import CalibrationThresholds
 from tasks.canary_analysis import CanaryRules
 from tasks.data import DataLimits
+from tasks.drift_analysis import DriftRules
 from tasks.guard import GuardLimits
 from tasks.impact_types import ImpactOptions
 from tasks.tensorrt import TensorRtBuildOptions, request_tensorrt_plan
@@ -42,6 +44,7 @@ FLOWS: dict[str, Any] = {
     "release-guard": release_guard,
     "impact-report": impact_report,
     "compile-tensorrt": compile_tensorrt_plan,
+    "drift-watch": drift_watch,
 }
 
 RULES, LIMITS, TRAINING, DATA = CanaryRules(), GuardLimits(), TrainConfig(), DataLimits()
@@ -81,6 +84,14 @@ HOMES: dict[str, dict[str, Any]] = {
         "seed": IMPACT.seed,
     },
     "compile-tensorrt": {"profile": TENSORRT.profile},
+    "drift-watch": {
+        "min_rows": DriftRules().min_rows,
+        "sigma": DriftRules().sigma,
+        "alpha": DriftRules().alpha,
+        "wasserstein_limit": DriftRules().wasserstein_limit,
+        "jensen_shannon_limit": DriftRules().jensen_shannon_limit,
+        "cooldown_hours": DriftRules().cooldown_hours,
+    },
 }
 
 # Still written twice: the signature's literal and its home. Pinned equal here until the
@@ -103,6 +114,7 @@ OVERRIDES: dict[str, dict[str, tuple[Any, str]]] = {
     "release-guard": {},
     "impact-report": {},
     "compile-tensorrt": {},
+    "drift-watch": {},
 }
 # deployment -> parameter -> why it repeats the flow's default on purpose
 REPEATED: dict[str, dict[str, str]] = {

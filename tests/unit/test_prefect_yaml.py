@@ -37,11 +37,27 @@ def test_expected_deployments_and_schedules():
         "release-guard",
         "impact-report",
         "compile-tensorrt",
+        "drift-watch",
     }
     assert DEPLOYMENTS["compile-tensorrt"]["work_pool"]["name"] == "gpu"
     weekly = DEPLOYMENTS["retrain-and-release"]["schedules"][0]
     assert weekly["cron"] == "0 3 * * 1" and weekly["timezone"] == "UTC"
     assert DEPLOYMENTS["retrain-and-release"]["concurrency_limit"]["limit"] == 1
+    assert DEPLOYMENTS["drift-watch"]["schedules"][0]["interval"] == 900
+
+
+def test_drift_alerts_start_a_release_through_a_valid_trigger():
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+    from prefect.events.schemas.events import Resource
+
+    from tasks.drift import DRIFT_EVENT, drift_resource
+
+    (spec,) = DEPLOYMENTS["retrain-and-release"]["triggers"]
+    trigger = DeploymentEventTrigger.model_validate(spec)
+    assert trigger.expect == {DRIFT_EVENT} and trigger.enabled
+    # the resource drift-watch's event names is the one the trigger listens for
+    assert trigger.match.matches(Resource.model_validate(drift_resource("v1", "lin")))
+    assert not trigger.match.matches(Resource({"prefect.resource.id": "prefect.flow-run.x"}))
 
 
 @pytest.mark.parametrize(

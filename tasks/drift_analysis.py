@@ -1,0 +1,334 @@
+"""Does live traffic still look like the champion's training window? Two detectors, one verdict.
+
+1. **The seed's distance-decay score** over the dense feature vector (the 18 dense model inputs,
+   standardised by the reference). The stream is the last `history` reference vectors followed
+   by the live window's vectors (in a seeded random order: order within a window is not what is
+   tested); each vector's score is its mean Euclidean distance to the `history` vectors before
+   it. Live vectors unlike the reference stand far from the reference history and, as history
+   fills with them, the score decays back: the seed's "distance decay". Scores are averaged per
+   batch of `batch` vectors and z-scored against the same batch means of a reference-only stream;
+   the score alarms when `rising` consecutive batches are at or above `sigma`, each higher than
+   the one before (2.5 σ, rising three times in a row). That is a detector of drift that builds
+   up within a window; a window that is shifted all through shows only as a burst at its start
+   that then decays, which the rising rule by design does not call.
+2. **Per-feature statistics** over one impression per session (a session's impressions share
+   its user and context, so they are not independent; sessions are), chosen by type and live
+   sample size (sessions) as Evidently does: under `large_sample` (1,000) sessions a two-sample Kolmogorov–Smirnov test for dense features and a
+   χ² test of homogeneity for categorical ones, each at a Bonferroni-corrected level
+   (`alpha` / features tested); from `large_sample` sessions on, effect sizes that do not turn every
+   tiny shift of a large sample into an alarm: the Wasserstein distance in units of the
+   reference's standard deviation for dense features, the Jensen–Shannon distance (base 2) for
+   categorical ones, each against its limit (the JS limit raised to the distance sampling noise
+   alone reaches at that level, `js_noise_floor`, where categories are many).
+
+Not tested: ids (user, item, brand: hashed into thousands of buckets, they change by design),
+the clock (hour, weekday: a 15-minute window is one hour of one day, the training window a week)
+and position (set by the serving convention, `simulation.shoppers.SERVE_POSITION`).
+
+A window with fewer than `min_rows` impressions is `inconclusive` with the count, never passed.
+Either detector alarming fails the window; the drifted features are ranked by severity (the
+statistic over its limit, or −log p over −log α).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.spatial.distance import jensenshannon
+
+from relay.features import CATEGORICAL, DENSE, N_CATEGORICAL, to_model_input
+from relay.types import GateResult, Verdict
+
+DENSE_FEATURES: tuple[str, ...] = tuple(d.name for d in DENSE)
+# See the module docstring for why the others are left out.
+CATEGORICAL_FEATURES: tuple[str, ...] = ("category_id", "device_type", "region_id")
+_BUCKETS = {c.name: c.buckets for c in CATEGORICAL}
+NULL_VECTORS = 20_000  # 800 null batches: plenty for a mean and a standard deviation
+
+
+@dataclass(frozen=True)
+class DriftRules:
+    """When a window counts as drifted. The one home of drift-watch's defaults."""
+
+    min_rows: int = 200
+    history: int = 100  # the seed's "last 100"
+    batch: int = 25  # vectors per score sample; four batches fill the history
+    sigma: float = 2.5
+    rising: int = 3  # consecutive batches at or above sigma
+    large_sample: int = 1_000  # from here on: distances, not tests
+    alpha: float = 0.01  # family-wise, Bonferroni-split over the features tested
+    wasserstein_limit: float = 0.1  # in reference standard deviations
+    jensen_shannon_limit: float = 0.1
+    seed: int = 0
+    cooldown_hours: float = 6.0  # after one alert, no other for this long: no release storm
+
+
+@dataclass(frozen=True)
+class FeatureDrift:
+    """One feature's statistic against its limit."""
+
+    feature: str
+    method: str
+    statistic: float
+    limit: float
+    p_value: float | None
+    drifted: bool
+    severity: float  # >= 1 when drifted
+
+
+@dataclass(frozen=True)
+class ScoreTrace:
+    """The distance-decay score of a window: batch z-scores and where it alarmed first."""
+
+    z: list[float]
+    alarm_batch: int | None  # the batch that completed the run of `rising`, None if none
+    reference_mean: float
+    reference_std: float
+
+
+@dataclass
+class Reference:
+    """The training window prepared once: standardisation, history, null, one row per session."""
+
+    history: np.ndarray  # the standardised dense vectors live windows are streamed after
+    mean: np.ndarray
+    std: np.ndarray
+    per_session: pd.DataFrame  # one impression per session: what the feature statistics use
+    null_mean: float
+    null_std: float
+
+
+def dense_vectors(frame: pd.DataFrame) -> np.ndarray:
+    """The 18 dense model inputs (after the pipeline's log1p / clip) as float64."""
+    return to_model_input(frame)[:, N_CATEGORICAL:].astype(np.float64)
+
+
+def one_per_session(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """One impression drawn from each session.
+
+    A session's impressions share its user, device, region and context, and mostly its
+    categories: they are not independent draws, and a test that counted them as such would see
+    drift in every window. Sessions are.
+    """
+    shuffled = frame.sample(frac=1.0, random_state=seed)
+    return shuffled.drop_duplicates("session_id").reset_index(drop=True)
+
+
+def prepare_reference(frame: pd.DataFrame, rules: DriftRules) -> Reference:
+    """Standardise, and calibrate the score's null on two session-disjoint halves of the reference.
+
+    Live sessions are never reference sessions, so the null must not let a vector meet its own
+    session's other impressions in the history either.
+    """
+    if len(frame) < 2 * rules.history + rules.batch * (rules.rising + 4):
+        raise ValueError(f"a reference of {len(frame)} rows is too small to calibrate drift")
+    rng = np.random.default_rng(rules.seed)
+    x = dense_vectors(frame)
+    mean, std = x.mean(axis=0), np.maximum(x.std(axis=0), 1e-9)
+    z = (x - mean) / std
+    codes, unique = pd.factorize(frame["session_id"])
+    in_first = np.zeros(len(unique), dtype=bool)
+    in_first[rng.permutation(len(unique))[: len(unique) // 2]] = True
+    first_half = in_first[codes]
+    a = z[first_half][rng.permutation(int(first_half.sum()))]
+    b = z[~first_half][rng.permutation(int((~first_half).sum()))]
+    null = _batch_scores(a[-rules.history :], b[:NULL_VECTORS], rules)
+    return Reference(
+        history=a[-rules.history :],
+        mean=mean,
+        std=std,
+        per_session=one_per_session(frame, rules.seed),
+        null_mean=float(null.mean()),
+        null_std=float(max(null.std(ddof=1), 1e-9)),
+    )
+
+
+def _batch_scores(history: np.ndarray, live: np.ndarray, rules: DriftRules) -> np.ndarray:
+    """Mean distance of each live vector to the `history` vectors before it, per batch."""
+    stream = np.vstack([history, live])
+    h = len(history)
+    n_batches = len(live) // rules.batch
+    out = np.empty(n_batches)
+    sq = (stream**2).sum(axis=1)
+    for b in range(n_batches):
+        lo, hi = h + b * rules.batch, h + (b + 1) * rules.batch
+        window = stream[lo - h : hi]  # every vector a batch member can look back on
+        d2 = sq[lo:hi, None] + sq[None, lo - h : hi] - 2 * stream[lo:hi] @ window.T
+        d = np.sqrt(np.maximum(d2, 0.0))
+        # member i (at lo+i) looks at the h vectors before it: columns i .. i+h-1 of `window`
+        idx = np.arange(rules.batch)[:, None] + np.arange(h)[None, :]
+        out[b] = d[np.arange(rules.batch)[:, None], idx].mean()
+    return out
+
+
+def distance_score(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> ScoreTrace:
+    """The seed's score over a live window, z-scored against the reference's null."""
+    rng = np.random.default_rng(rules.seed + 1)
+    x = (dense_vectors(live) - ref.mean) / ref.std
+    x = x[rng.permutation(len(x))]
+    z = (_batch_scores(ref.history, x, rules) - ref.null_mean) / ref.null_std
+    run, alarm, previous = 0, None, -np.inf
+    for b, value in enumerate(z):
+        # "rising three times in a row": at or above sigma, and above the batch before
+        run = run + 1 if value >= rules.sigma and value > previous else 0
+        previous = value
+        if run >= rules.rising:
+            alarm = b
+            break
+    return ScoreTrace([float(v) for v in z], alarm, ref.null_mean, ref.null_std)
+
+
+def feature_drift(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> list[FeatureDrift]:
+    """Each tested feature's statistic (one impression per session, the sample size being the
+    live sessions), by type and sample size, most severe first."""
+    sample = one_per_session(live, rules.seed)
+    n = len(sample)
+    tested = len(DENSE_FEATURES) + len(CATEGORICAL_FEATURES)
+    level = rules.alpha / tested
+    out: list[FeatureDrift] = []
+    ref_dense, live_dense = dense_vectors(ref.per_session), dense_vectors(sample)
+    for j, name in enumerate(DENSE_FEATURES):
+        a, b = ref_dense[:, j], live_dense[:, j]
+        if n < rules.large_sample:
+            result = stats.ks_2samp(a, b)
+            p = float(result.pvalue)
+            out.append(_tested(name, "Kolmogorov-Smirnov", float(result.statistic), p, level))
+        else:
+            w = float(stats.wasserstein_distance(a, b)) / float(ref.std[j])
+            out.append(_distance(name, "Wasserstein (ref. σ)", w, rules.wasserstein_limit))
+    for name in CATEGORICAL_FEATURES:
+        ref_counts, live_counts = _counts(ref.per_session[name], sample[name], _BUCKETS[name])
+        if n < rules.large_sample:
+            keep = (ref_counts + live_counts) > 0
+            table = np.vstack([ref_counts[keep], live_counts[keep]])
+            if table.shape[1] < 2:
+                out.append(_tested(name, "chi-squared", 0.0, 1.0, level))
+                continue
+            chi2, p, _, _ = stats.chi2_contingency(table)
+            out.append(_tested(name, "chi-squared", float(chi2), float(p), level))
+        else:
+            js = float(jensenshannon(ref_counts, live_counts, base=2))
+            floor = js_noise_floor(ref_counts, live_counts, rules.alpha / tested)
+            limit = max(rules.jensen_shannon_limit, floor)
+            out.append(_distance(name, "Jensen-Shannon", js, limit))
+    return sorted(out, key=lambda f: f.severity, reverse=True)
+
+
+def js_noise_floor(ref_counts: np.ndarray, live_counts: np.ndarray, level: float) -> float:
+    """The Jensen-Shannon distance two samples of one distribution exceed with chance `level`.
+
+    For many categories and a few thousand sessions sampling noise alone passes the 0.1 limit
+    (64 categories, 2,500 sessions a side: ~0.12), so the limit is raised to this floor. Two
+    samples of one distribution have JSD ≈ Σ(p̂−q̂)²/m / (8 ln 2) bits, and Σ(p̂−q̂)²/m ≈
+    χ²(k−1)·(1/n₁ + 1/n₂).
+    """
+    k = int(((ref_counts + live_counts) > 0).sum())
+    if k < 2:
+        return 0.0
+    chi2 = float(stats.chi2.ppf(1 - level, k - 1))
+    spread = 1 / ref_counts.sum() + 1 / live_counts.sum()
+    return float(np.sqrt(chi2 * spread / (8 * np.log(2))))
+
+
+def _counts(ref: pd.Series, live: pd.Series, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counts per code, codes clipped into the model's range as the pipeline clips them."""
+    r = np.clip(ref.to_numpy().astype(np.int64), 0, buckets - 1)
+    v = np.clip(live.to_numpy().astype(np.int64), 0, buckets - 1)
+    return (
+        np.bincount(r, minlength=buckets).astype(np.float64),
+        np.bincount(v, minlength=buckets).astype(np.float64),
+    )
+
+
+def _tested(name: str, method: str, statistic: float, p: float, level: float) -> FeatureDrift:
+    severity = float(-np.log10(max(p, 1e-300)) / -np.log10(level))
+    return FeatureDrift(name, method, statistic, level, p, p < level, severity)
+
+
+def _distance(name: str, method: str, value: float, limit: float) -> FeatureDrift:
+    return FeatureDrift(name, method, value, limit, None, value > limit, value / limit)
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    """A window's verdict with everything it rests on."""
+
+    gate: GateResult
+    rows: int
+    score: ScoreTrace | None
+    features: list[FeatureDrift]
+
+    @property
+    def drifted_features(self) -> list[str]:
+        return [f.feature for f in self.features if f.drifted]
+
+
+METHOD = (
+    "distance-decay score (mean distance to the last 100 dense vectors, batch z vs the "
+    "reference, alarm at 2.5 σ rising three batches in a row) + per feature: KS / χ² (Bonferroni) "
+    "over one impression per session: under 1,000 sessions, Wasserstein (ref. σ) / "
+    "Jensen-Shannon from 1,000"
+)
+
+
+def assess_drift(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> DriftReport:
+    """The window's verdict: inconclusive below min_rows, failed if either detector alarms."""
+    n = len(live)
+    thresholds = {
+        "min_rows": float(rules.min_rows),
+        "sigma": rules.sigma,
+        "rising": float(rules.rising),
+        "alpha": rules.alpha,
+        "wasserstein_limit": rules.wasserstein_limit,
+        "jensen_shannon_limit": rules.jensen_shannon_limit,
+    }
+    if n < rules.min_rows:
+        gate = GateResult(
+            gate="drift",
+            verdict=Verdict.inconclusive,
+            reason=f"{n} impressions in the window, fewer than {rules.min_rows}: no verdict",
+            measurements={"rows": float(n)},
+            thresholds=thresholds,
+            method=METHOD,
+        )
+        return DriftReport(gate, n, None, [])
+    score = distance_score(ref, live, rules)
+    features = feature_drift(ref, live, rules)
+    drifted = [f for f in features if f.drifted]
+    measured = {
+        "rows": float(n),
+        "score_max_z": max(score.z) if score.z else 0.0,
+        "drifted_features": float(len(drifted)),
+    }
+    parts = []
+    if score.alarm_batch is not None:
+        parts.append(
+            f"distance-decay score at ≥ {rules.sigma:g} σ for {rules.rising} batches in a row "
+            f"(by batch {score.alarm_batch + 1})"
+        )
+    if drifted:
+        parts.append(
+            "drifted: "
+            + ", ".join(f"{f.feature} ({f.method} {f.statistic:.3g})" for f in drifted[:5])
+        )
+    if parts:
+        verdict, reason = Verdict.failed, "; ".join(parts) + f" over {n} impressions"
+    else:
+        top = features[0]
+        verdict = Verdict.passed
+        reason = (
+            f"no drift over {n} impressions: score max {measured['score_max_z']:.2f} σ, "
+            f"most shifted {top.feature} ({top.method} {top.statistic:.3g}, limit {top.limit:.3g})"
+        )
+    gate = GateResult(
+        gate="drift",
+        verdict=verdict,
+        reason=reason,
+        measurements=measured,
+        thresholds=thresholds,
+        method=METHOD,
+    )
+    return DriftReport(gate, n, score, features)
