@@ -44,7 +44,10 @@ class LiveTraffic:
     concurrency: int = 8
     gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
     seed: int = 0
-    feedback: bool = True  # shoppers click and order on what was served, and say so
+    # Shoppers click and order on what was served and post it to /v1/feedback. Off for the
+    # release's own canary traffic: a feedback POST per clicked feed roughly doubles the HTTP work
+    # the canary's windows put on a small host; the served-traffic tests and the shop turn it on.
+    feedback: bool = False
     drift: Drift | None = None
 
     def __post_init__(self) -> None:
