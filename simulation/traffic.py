@@ -45,8 +45,8 @@ class LiveTraffic:
     gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
     seed: int = 0
     # Shoppers click and order on what was served and post it to /v1/feedback. Off for the
-    # release's own canary traffic: a feedback POST per clicked feed roughly doubles the HTTP work
-    # the canary's windows put on a small host; the served-traffic tests and the shop turn it on.
+    # release's own canary traffic until verified there: a feedback POST per clicked feed adds
+    # HTTP work to the canary's windows. The served-traffic test turns it on.
     feedback: bool = False
     drift: Drift | None = None
 
