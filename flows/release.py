@@ -83,7 +83,7 @@ def retrain_and_release(
     batch_size: Annotated[int, Field(ge=32, le=65_536)] = TRAINING.batch_size,
     seed: int = TRAINING.seed,
     min_rows: Annotated[int, Field(ge=1)] = DATA.min_rows,
-    train_on_served: bool = True,
+    train_on_served: bool = False,
     actor: str = "schedule",
     deploy: bool = True,
     max_kl: Annotated[float, Field(gt=0)] = BLESSING.max_kl,

@@ -44,7 +44,10 @@ class LiveTraffic:
     concurrency: int = 8
     gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
     seed: int = 0
-    feedback: bool = True  # shoppers click and order on what was served, and say so
+    # Shoppers click and order on what was served and post it to /v1/feedback. Off for the
+    # release's own canary traffic until verified there: a feedback POST per clicked feed adds
+    # HTTP work to the canary's windows. The served-traffic test turns it on.
+    feedback: bool = False
     drift: Drift | None = None
 
     def __post_init__(self) -> None:

@@ -46,6 +46,7 @@ def test_a_model_trained_on_feedback_labelled_events_is_within_002_auc_of_seeded
                 candidates=CANDIDATES,
                 concurrency=4,
                 seed=5,
+                feedback=True,
             ),
         )
     end = datetime.now(UTC) + timedelta(seconds=1)
