@@ -229,30 +229,7 @@ class Worker:
             self.metrics.observe_stages(ex.slot, queue, preprocess, compute, postprocess)
         ex.request_id = ex.request_id or self.next_request_id()
         if ex.span is None:  # an admin call's span is open around it already
-            ex.span = self.tracer.request_span(
-                f"{ex.transport} predict",
-                ex.parent,
-                int(ex.ts * 1e9),
-                {
-                    "queue": queue,
-                    "preprocess": preprocess,
-                    "compute": compute,
-                    "postprocess": postprocess,
-                },
-                lambda: {
-                    "relay.request_id": ex.request_id,
-                    "relay.transport": ex.transport,
-                    "relay.slot": ex.slot,
-                    "relay.model_version": ex.version,
-                    "relay.lineage_id": ex.lineage_id,
-                    "relay.batch_size": batch_size,
-                    "relay.rows": ex.rows,
-                    "relay.input_size_bytes": ex.input_bytes,
-                    "relay.status": ex.status,
-                    "relay.error_code": ex.error_code,
-                },
-                ex.error_code,
-            )
+            ex.span = self._request_span(ex, queue, preprocess, compute, postprocess, batch_size)
         ex.traceparent = traceparent_of(ex.span)
         if self.log_writer is not None:
             self.log_writer.append(
@@ -290,6 +267,41 @@ class Worker:
                     ex.scores,
                 )
             )
+
+    def _request_span(
+        self,
+        ex: Exchange,
+        queue: float,
+        preprocess: float,
+        compute: float,
+        postprocess: float,
+        batch_size: int,
+    ) -> Span:
+        """The request's ended span (recorded or not), from the times its log row holds."""
+        return self.tracer.request_span(
+            f"{ex.transport} predict",
+            ex.parent,
+            int(ex.ts * 1e9),
+            {
+                "queue": queue,
+                "preprocess": preprocess,
+                "compute": compute,
+                "postprocess": postprocess,
+            },
+            lambda: {
+                "relay.request_id": ex.request_id,
+                "relay.transport": ex.transport,
+                "relay.slot": ex.slot,
+                "relay.model_version": ex.version,
+                "relay.lineage_id": ex.lineage_id,
+                "relay.batch_size": batch_size,
+                "relay.rows": ex.rows,
+                "relay.input_size_bytes": ex.input_bytes,
+                "relay.status": ex.status,
+                "relay.error_code": ex.error_code,
+            },
+            ex.error_code,
+        )
 
     # -- admin ---------------------------------------------------------------------------------
     async def load(self, slot: str, ref: str) -> dict[str, Any]:

@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
     "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
     "--reference-rows 4000 --cost-rows 2000",
+    "attribution": "--requests 1500 --train-events 4000",
 }
 
 
@@ -171,6 +172,17 @@ def test_bench_gpu_check_runs_here_and_says_what_it_did_with_tensorrt(runs):
         assert set(figures["latency"]) == {"ort-fp32"}
     else:
         assert figures["tensorrt"]["status"] in {"built", "rejected"}
+
+
+def test_bench_attribution_finds_the_planted_causes_on_a_real_worker(runs):
+    figures = runs["attribution"].finish()
+    cases = {c["case"]: c for c in figures["cases"]}
+    assert set(cases) == {"compute", "preprocess", "queue", "heavier"}
+    # +20 ms in a stage and one request per engine call are clear even on 1,500 requests
+    for case in ("compute", "preprocess", "queue"):
+        assert cases[case]["correct"], cases[case]["statement"]
+    assert figures["top_cause_correct"] >= 3 and figures["seconds_per_attribution"] > 0
+    assert all(c["statement"] and c["method"] for c in figures["cases"])
 
 
 def test_smoke_runs_leave_bench_results_alone(runs):

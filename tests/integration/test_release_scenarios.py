@@ -400,6 +400,8 @@ def test_release_guard_rolls_back_a_champion_whose_live_slo_breaks(fleet):
     assert state.is_completed(), state.message
     decision = state.result()
     assert decision.verdict is Verdict.failed and "live P95" in decision.reason
+    assert decision.attribution is not None and "why: " in decision.reason  # said, even if
+    assert decision.attribution["statement"] in decision.reason  # the window is too small
     assert open_store(settings).get_alias("champion") == fleet.versions["v1"]
     assert fleet.stable() == {fleet.versions["v1"]}
 
