@@ -15,8 +15,6 @@ from datetime import datetime
 from typing import Annotated
 
 from prefect import flow
-from prefect.exceptions import FlowPauseTimeout
-from prefect.flow_runs import pause_flow_run
 from prefect.runtime import flow_run
 from prefect.transactions import transaction
 from pydantic import Field
@@ -34,6 +32,7 @@ from tasks.canary import (
     CanaryDecision,
     CanaryRejected,
     PlanDecision,
+    ask_a_person,
     canary_period,
     check_blessing,
     decision_verdict,
@@ -191,18 +190,12 @@ def retrain_and_release(
         traffic_rps if simulate_traffic else None,
     )
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
-        try:
-            go = plan_decision_verdict(
-                pause_flow_run(
-                    wait_for_input=PlanDecision.with_initial_data(
-                        description=f"Canary plan for {release.version}: {plan.summary}. Start the canary anyway?"
-                    ),
-                    timeout=approval_timeout_s,
-                ),
-                timed_out=False,
-            )
-        except FlowPauseTimeout:
-            go = plan_decision_verdict(PlanDecision(), timed_out=True)
+        go_answer = ask_a_person(
+            PlanDecision,
+            f"Canary plan for {release.version}: {plan.summary}. Start the canary anyway?",
+            approval_timeout_s,
+        )
+        go = plan_decision_verdict(go_answer or PlanDecision(), timed_out=go_answer is None)
         record_decision(settings, release, go, weight=0)
         if go.verdict is not Verdict.passed:
             return finish_release(
@@ -223,16 +216,12 @@ def retrain_and_release(
                     settings, release, stable, weight, rules, analysis_window_s, traffic
                 )
                 if gate.verdict is Verdict.inconclusive:
-                    try:
-                        decision = pause_flow_run(
-                            wait_for_input=CanaryDecision.with_initial_data(
-                                description=f"Canary {release.version} at {weight}%: {gate.reason}. Promote or roll back?"
-                            ),
-                            timeout=approval_timeout_s,
-                        )
-                        gate = decision_verdict(decision, timed_out=False)
-                    except FlowPauseTimeout:
-                        gate = decision_verdict(CanaryDecision(), timed_out=True)
+                    answer = ask_a_person(
+                        CanaryDecision,
+                        f"Canary {release.version} at {weight}%: {gate.reason}. Promote or roll back?",
+                        approval_timeout_s,
+                    )
+                    gate = decision_verdict(answer or CanaryDecision(), timed_out=answer is None)
                     record_decision(settings, release, gate, weight=weight)
                     decided.append(f"at {weight}% {gate.reason}")
                 if gate.verdict is not Verdict.passed:

@@ -7,10 +7,21 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 LINEAGE_PARTS = ("model", "data", "env", "build")
 LINEAGE_PREFIX = 12  # hex characters of each sha256 shown in the id
+
+
+class Stored(BaseModel):
+    """A model written as JSON and read back: NaN and ±inf survive the trip.
+
+    JSON has no NaN; pydantic writes it as `null` by default, which no float field reads back,
+    so the record of a numerically broken candidate (the very one worth reading) would be
+    unreadable. Written as the strings "NaN", "Infinity", "-Infinity", it reads back as floats.
+    """
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
 
 class Verdict(StrEnum):
@@ -22,7 +33,7 @@ class Verdict(StrEnum):
     error = "error"
 
 
-class GateResult(BaseModel):
+class GateResult(Stored):
     """A gate's typed verdict with what it measured, the limits it applied, how, and why."""
 
     gate: str

@@ -16,7 +16,7 @@ import pandas as pd
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 import logstore
 from logstore.events import sample_window
@@ -25,7 +25,7 @@ from model_store.attachments import AttachmentExists
 from relay.errors import GateFailed
 from relay.features import LABEL, to_model_input
 from relay.settings import Settings
-from relay.types import BlobRef, GateResult, Verdict, VersionManifest
+from relay.types import BlobRef, GateResult, Stored, Verdict, VersionManifest
 from tasks.compilation import run_engine
 from tasks.data import DataLimits, TrainingWindow, failure_message, validate_frame
 from tasks.training import auc, logloss
@@ -50,7 +50,7 @@ class CalibrationThresholds:
     min_score_std: float = 1e-3  # below this the model predicts one number for everyone
 
 
-class ScoreMetrics(BaseModel):
+class ScoreMetrics(Stored):
     auc: float
     logloss: float
     ece: float
@@ -59,7 +59,7 @@ class ScoreMetrics(BaseModel):
     finite: bool
 
 
-class CalibrationReport(BaseModel):
+class CalibrationReport(Stored):
     """The blessing record stored next to a version; deploy consumes it."""
 
     version: str

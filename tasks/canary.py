@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
 from prefect.events import emit_event
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.states import Running
 from prefect.transactions import Transaction
 
 import logstore
@@ -32,6 +37,7 @@ from tasks.aliases import move_alias
 from tasks.calibration import load_report
 
 CHAMPION = "champion"
+Answer = TypeVar("Answer", bound=RunInput)
 
 
 class CanaryRejected(GateFailed):
@@ -54,6 +60,30 @@ class PlanDecision(RunInput):
 
     decision: Literal["start the canary", "do not deploy"] = "do not deploy"
     comment: str = ""
+
+
+def ask_a_person(form: type[Answer], question: str, timeout_s: int) -> Answer | None:
+    """Pause the release for a person's answer (the form in the UI); None if nobody answered.
+
+    Prefect's server refuses every state change of a run whose pause has expired, so a release
+    that rightly takes its no-answer default would end `Failed` ("never resumed") however
+    cleanly it finished. The run is alive and going on, so it is put back to Running (forced:
+    no orchestration rule admits it) and ends in the state its outcome earns.
+    """
+    try:
+        return pause_flow_run(
+            wait_for_input=form.with_initial_data(description=question), timeout=timeout_s
+        )
+    except FlowPauseTimeout:
+        context = FlowRunContext.get()
+        if context is not None and context.flow_run is not None:
+            with get_client(sync_client=True) as client:
+                client.set_flow_run_state(
+                    context.flow_run.id,
+                    Running(message=f"nobody answered within {timeout_s} s: going on"),
+                    force=True,
+                )
+        return None
 
 
 def plan_decision_verdict(decision: PlanDecision, timed_out: bool) -> GateResult:

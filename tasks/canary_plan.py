@@ -104,7 +104,7 @@ def plan_canary(
         for p in plans
     ]
     total_s = sum((p.windows or rules.max_windows) * window_s for p in plans)
-    summary = f"{', '.join(parts)} - about {total_s / 60:.1f} minutes"
+    summary = f"{', '.join(parts)} - about {_duration(total_s)}"
     if not reachable:
         summary += (
             f"; at {rate_rps:g} req/s a step marked 'not within' cannot show 'no regression "
@@ -116,6 +116,11 @@ def plan_canary(
         f"{recent.p95_ms:.1f} ms, at {rate_rps:g} req/s"
     )
     return CanaryPlan(plans, window_s, basis, reachable, summary)
+
+
+def _duration(seconds: float) -> str:
+    """'40 s' under a minute and a half, '2.5 minutes' above: never 'about 0.0 minutes'."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} minutes"
 
 
 @task(name="plan-canary", cache_policy=NO_CACHE)

@@ -18,7 +18,7 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from logstore.impact import JoinCoverage
-from relay.types import BlobRef
+from relay.types import BlobRef, Stored
 
 # The per-session columns the analyses read (logstore.impact.SESSION_OUTCOME_COLUMNS).
 TREATMENT = "latency_mean_ms"
@@ -67,7 +67,7 @@ class ImpactOptions(BaseModel, frozen=True):
     seed: int = 0
 
 
-class Correlation(BaseModel):
+class Correlation(Stored):
     """Pearson's r between two per-session columns, with p-value (H0: r = 0) and 95 % CI."""
 
     x: str
@@ -79,7 +79,7 @@ class Correlation(BaseModel):
     n: int
 
 
-class EffectEstimate(BaseModel):
+class EffectEstimate(Stored):
     """An effect of +1 ms mean latency on an outcome, per session, with its 95 % interval."""
 
     key: str
@@ -101,7 +101,7 @@ class EffectEstimate(BaseModel):
         return not self.covers(0.0)
 
 
-class Refutation(BaseModel):
+class Refutation(Stored):
     """One DoWhy refutation: the re-estimate, what a sound analysis would give, pass or fail."""
 
     key: str
@@ -116,7 +116,7 @@ class Refutation(BaseModel):
     criterion: str
 
 
-class BusinessTranslation(BaseModel):
+class BusinessTranslation(Stored):
     """The causal effect at the observed traffic: GMV per day per ms of mean latency."""
 
     sessions_per_day: float
@@ -130,7 +130,7 @@ class BusinessTranslation(BaseModel):
         return 100 * self.gmv_per_day_per_ms
 
 
-class SlotComparison(BaseModel):
+class SlotComparison(Stored):
     """Canary versus stable: the latency difference and the GMV it implies, per release."""
 
     available: bool
@@ -151,7 +151,7 @@ class SlotComparison(BaseModel):
     measured_gmv_diff_ci: tuple[float, float] | None = None
 
 
-class LatencyBin(BaseModel):
+class LatencyBin(Stored):
     """Mean of an outcome among sessions whose mean latency falls in [low_ms, high_ms]."""
 
     low_ms: float
@@ -163,7 +163,7 @@ class LatencyBin(BaseModel):
     ci_high: float
 
 
-class ImpactReport(BaseModel):
+class ImpactReport(Stored):
     """Everything the report shows; the HTML, JSON and markdown are renderings of this."""
 
     window: ImpactWindow
@@ -213,7 +213,7 @@ class ImpactData:
     histogram_bin_ms: float
 
 
-class StoredImpactReport(BaseModel):
+class StoredImpactReport(Stored):
     """Where a report's files went: blobs in the model store and the record that lists them."""
 
     report_id: str

@@ -324,6 +324,26 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
     )
 
 
+def test_a_pause_nobody_answers_takes_its_default_and_the_run_still_completes(fleet):
+    # The plan cannot conclude (1 s windows, no simulated traffic) and nobody answers within
+    # the timeout: the release is not deployed, and Prefect shows the run Completed, not
+    # Failed "never resumed" (run_release asserts the state).
+    started = time.monotonic()
+    summary = run_release(
+        seed=6,
+        simulate_traffic=False,
+        analysis_window_s=1.0,
+        max_windows_per_step=1,
+        approval_timeout_s=2,
+    )
+    assert time.monotonic() - started < 120
+    assert summary.outcome == "not_deployed" and "nobody answered" in summary.reason
+    events = kinds(summary)
+    assert [e.verdict for e in events["decision"]] == ["failed"]
+    assert fleet.canary() == {None}
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+
+
 def test_numerically_broken_candidates_are_never_deployed(fleet, tmp_path):
     frame = generate_events(SHOP, 8_000, END)
     trained = train_model(frame, TrainConfig(seed=9, epochs=1))

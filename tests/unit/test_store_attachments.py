@@ -6,6 +6,7 @@ The API's rules on both backends are in tests/integration/test_store_attachments
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -90,6 +91,34 @@ def test_a_blessing_is_stored_once_and_the_first_assessment_stands(tmp_path):
     assert rival != first
     assert save_report(store, rival) == first
     assert load_report(store, "v1") == first
+
+
+def test_a_broken_candidates_report_with_nan_and_inf_reads_back(tmp_path):
+    # The report worth reading most is the one of a candidate that scores NaN or inf: it must
+    # load again (JSON has no NaN, and null reads back as no float at all).
+    store = _store(tmp_path, "v1")
+    calibration_set = _blob(store, tmp_path, "calibration.parquet")
+    labels = np.array([0, 1] * 500)
+    scores = np.full(1_000, np.nan)
+    broken = assess_calibration(
+        "v1", labels, scores, None, None, calibration_set, CalibrationThresholds()
+    )
+    assert not broken.blessed and not broken.candidate.finite
+    broken = broken.model_copy(
+        update={
+            "checks": [
+                *broken.checks,
+                broken.checks[0].model_copy(
+                    update={"measurements": {"ratio": float("inf"), "low": float("-inf")}}
+                ),
+            ]
+        }
+    )
+    save_report(store, broken)
+    again = load_report(store, "v1")
+    assert again is not None and not again.blessed
+    assert math.isnan(again.candidate.auc) and math.isnan(again.candidate.mean_score)
+    assert again.checks[-1].measurements == {"ratio": float("inf"), "low": float("-inf")}
 
 
 def test_gc_keeps_the_calibration_set_a_blessing_names(tmp_path):
