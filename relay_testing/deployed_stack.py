@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -241,7 +242,7 @@ class DeployedStack:
                 os.kill(child, signal.SIGKILL)
         # gone before anyone asks: the worker script's "already running?" check reads this pid
         for gone in (pid, *children):
-            self.wait_for(lambda p=gone: not _alive(p), 30, f"process {gone} to exit")
+            self.wait_for(partial(_exited, gone), 30, f"process {gone} to exit")
         return children
 
     def flow_run_pids(self) -> list[int]:
@@ -362,12 +363,12 @@ class DeployedStack:
         return path.read_text(errors="replace") if path.exists() else "(no worker log)"
 
 
-def _alive(pid: int) -> bool:
+def _exited(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    return True
+        return True
+    return False
 
 
 def outcome_of(artifacts: Mapping[str, Mapping[str, Any]]) -> str:

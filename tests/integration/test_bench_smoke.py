@@ -38,12 +38,15 @@ COMMANDS: dict[str, str] = {
     "serving": "--train-events 4000 --seconds 3 --rounds 1 --warmup 2 --connections 4 "
     "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
     "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5",
-    "rollback": "--cycles 1 --rps 20 --events 4000",
+    "rollback": "--workers 2,3 --cycles 1 --rps 20 --events 4000",
     "impact": "--rows 20000",
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
     "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
     "--reference-rows 4000 --cost-rows 2000",
     "attribution": "--requests 1500 --train-events 4000",
+    # two worker kills and the logging cost; no release kills: each needs a deployed stack and
+    # two trained releases (minutes), and test_deployments_e2e already loses a release's host
+    "chaos": "--worker-kills 2 --release-kills 0 --events 6000 --logging-rounds 1 --logging-seconds 1",
 }
 
 
@@ -154,8 +157,10 @@ def test_bench_serving_measures_every_scenario(runs):
 
 def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):
     figures = runs["rollback"].finish()
-    assert figures["cycles"] == 1 and figures["rollback_ms_p50"] > 0
-    assert figures["requests_total"] > 0 and figures["requests_failed_during_rollback"] == 0
+    assert set(figures["rollback_ms_p95_by_workers"]) == {"2", "3"}
+    for size in figures["by_workers"].values():
+        assert size["cycles"] == 1 and size["rollback_ms_p50"] > 0
+        assert size["requests_total"] > 0 and size["requests_failed_during_rollback"] == 0
 
 
 def test_bench_impact_builds_the_report(runs):
@@ -183,6 +188,14 @@ def test_bench_attribution_finds_the_planted_causes_on_a_real_worker(runs):
         assert cases[case]["correct"], cases[case]["statement"]
     assert figures["top_cause_correct"] >= 3 and figures["seconds_per_attribution"] > 0
     assert all(c["statement"] and c["method"] for c in figures["cases"])
+
+
+def test_bench_chaos_kills_workers_and_finds_a_row_for_every_answered_request(runs):
+    figures = runs["chaos"].finish()
+    assert figures["worker_kills"] == 2 and figures["answered"] > 0
+    assert figures["rows_lost"] == 0 and figures["rows_duplicated"] == 0
+    assert figures["rows_logged"] >= figures["answered"]
+    assert figures["worker_nolog_rps"] > 0 and figures["logging_cost"] is not None
 
 
 def test_smoke_runs_leave_bench_results_alone(runs):

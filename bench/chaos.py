@@ -1,0 +1,388 @@
+"""Benchmark crash safety: serving workers and release flows SIGKILLed at random moments.
+
+    python -m bench.chaos [--worker-kills 20] [--release-kills 5] [--lease-s 15] [--out PATH]
+
+Three parts, one run, loopback only; every loop is bounded in count and time and stops by itself.
+
+1. **Worker kills.** One serving worker under steady closed-loop load (JSON requests, each with
+   its own request id) is SIGKILLed at a random moment 0.5-2 s after it became ready, then
+   restarted on the same spool, `--worker-kills` times. The reader then ingests the spool (and the
+   last worker's write-ahead file) and every answered request id is looked up:
+   `answered` (200s the clients saw), `rows_logged`, `rows_lost` (answered, no row),
+   `rows_duplicated` (ids with more than one row). Target 0 lost, 0 duplicated.
+2. **Logging cost**, measured in the same run: two workers of the same model side by side, one
+   logging and one not, closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
+   `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10).
+3. **Release-flow kills.** A deployed local stack (`make up`'s scripts: Prefect server, pools,
+   deployments and automations, a `cpu` pool worker, two serving workers). A first release makes
+   a champion; then `--release-kills` releases are each SIGKILLed (the flow process and its whole
+   process group) at a random moment of their canary step, alternating a run of the pool worker
+   (`pool`) with a run in its own process (`embedded`, as `make demo` runs it). Per kill:
+   `orphan_canary_s` (kill → every worker at canary weight 0), `canary_unloaded_s` (kill → the
+   guard's reconciliation unloaded it), `prefect_state_after` (the run's state once Prefect
+   decided: the pool worker's own verdict, or the heartbeat automation's), `champion_unchanged`,
+   `next_release_started` (the next release, or a final one, left the queue and ran). A release
+   that ends before its canary (its plan paused and nobody answered) is not a kill: it is listed
+   in `releases_ended_before_their_canary` and another is started, at most twice as many. The canary
+   lease is `--lease-s` (short, so the run takes minutes); the target is every worker off the
+   canary within the lease plus one renewal period (a third of it).
+
+Writes bench/results/chaos.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+RESULTS = Path(__file__).parent / "results"
+TOKEN = "bench-chaos-token"
+RELEASE = "retrain-and-release/retrain-and-release"
+GUARD = "release-guard/release-guard"
+END = datetime(2026, 7, 1, tzinfo=UTC)
+CRASH_WAIT_S = 240.0  # the automation needs 90 s of silence, then its own evaluation
+STEP = 50  # the one canary step of every release: the weight the kill happens at
+
+
+# -- 1. worker kills -------------------------------------------------------------------------------
+def _send_until_dead(
+    url: str, docs: list[dict[str, Any]], tag: str, answered: list[str], stop: threading.Event
+) -> None:
+    """Predicts with unique request ids until the worker stops answering or `stop` is set."""
+    with httpx.Client(base_url=url, timeout=10) as http:
+        for i in range(10_000_000):
+            if stop.is_set():
+                return
+            doc = {**docs[i % len(docs)], "request_id": f"{tag}-{i}"}
+            try:
+                response = http.post("/v1/predict", json=doc)
+            except httpx.HTTPError:
+                return  # killed: a request cut short was never answered
+            if response.status_code == 200:
+                answered.append(doc["request_id"])
+
+
+def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) -> dict[str, Any]:
+    """SIGKILL a loaded worker `kills` times (restarting it); every answered request's row."""
+    import logstore.spool
+    from bench.serving import request_docs
+    from serving.process import start_worker
+
+    docs = request_docs(200)
+    rng = random.Random(11)
+    run_tag = f"chaos-{time.time_ns()}"
+    answered: list[str] = []
+    lifetimes = []
+    for kill in range(kills):
+        worker = start_worker(env, root / f"worker-{kill}.log")
+        worker.wait_ready(timeout_s=120)
+        stop = threading.Event()
+        senders = [
+            threading.Thread(
+                target=_send_until_dead,
+                args=(worker.http_url, docs, f"{run_tag}-k{kill}-c{c}", answered, stop),
+            )
+            for c in range(connections)
+        ]
+        for s in senders:
+            s.start()
+        lifetime = rng.uniform(0.5, 2.0)  # a few flush intervals: anywhere inside one
+        time.sleep(lifetime)
+        os.kill(worker.process.pid, signal.SIGKILL)
+        lifetimes.append(lifetime)
+        for s in senders:
+            s.join(timeout=30)
+        stop.set()
+        worker.stop()
+    client = logstore.spool.connect_for_reading(
+        env["RELAY_CLICKHOUSE_DSN"], Path(env["RELAY_HOME"]) / "spool"
+    )
+    counts = dict(
+        client.query(
+            "SELECT request_id, count() FROM inference_logs "
+            "WHERE startsWith(request_id, {tag:String}) GROUP BY request_id",
+            parameters={"tag": run_tag},
+        ).result_rows
+    )
+    return {
+        "worker_kills": kills,
+        "answered": len(answered),
+        "rows_logged": int(sum(counts.values())),
+        "rows_lost": sum(1 for rid in answered if rid not in counts),
+        "rows_duplicated": sum(1 for n in counts.values() if n > 1),
+        "kill_after_ready_s_min": round(min(lifetimes), 3),
+        "kill_after_ready_s_max": round(max(lifetimes), 3),
+        "load_connections": connections,
+    }
+
+
+# -- 2. logging cost -------------------------------------------------------------------------------
+def logging_cost(root: Path, env: dict[str, str], rounds: int, seconds: float) -> dict[str, Any]:
+    """Closed-loop req/s of a logging and a non-logging worker, alternating rounds; medians."""
+    from bench.serving import http_load, http_requests, request_docs, run_async
+    from serving.process import start_worker
+
+    docs = request_docs(200)
+    servers = {
+        name: start_worker(
+            {**env, "RELAY_HOME": str(root / name), "RELAY_SERVING_REQUEST_LOG": log},
+            root / f"{name}.log",
+        )
+        for name, log in (("worker", "true"), ("worker_nolog", "false"))
+    }
+    rates: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        for w in servers.values():
+            w.wait_ready(timeout_s=120)
+        for _ in range(rounds):
+            for name, w in servers.items():
+                host, port = w.http_url.removeprefix("http://").split(":")
+                load = http_load(
+                    host, int(port), http_requests(docs, host, int(port)), 8, seconds, 1.0
+                )
+                rates[name].append(run_async(load).figures()["rps"])
+    finally:
+        for w in servers.values():
+            w.stop()
+    logged, bare = statistics.median(rates["worker"]), statistics.median(rates["worker_nolog"])
+    return {
+        "worker_rps": round(logged, 1),
+        "worker_nolog_rps": round(bare, 1),
+        "logging_cost": round(1 - logged / bare, 4) if bare else None,
+        "logging_rounds": rounds,
+        "logging_round_s": seconds,
+    }
+
+
+# -- 3. release-flow kills -------------------------------------------------------------------------
+def _release_params(seed: int, lease_s: float) -> dict[str, Any]:
+    """A small release whose one canary step outlasts the kill (many short windows)."""
+    return {
+        "window_end": END.isoformat(),
+        "window_days": 7.0,
+        "epochs": 3,  # as the deployment tests: enough to be blessed on 40k events
+        "batch_size": 512,
+        "min_rows": 5_000,
+        "seed": seed,
+        "canary_steps": [STEP],
+        "analysis_window_s": max(lease_s, 10.0),
+        "max_windows_per_step": 20,
+        "traffic_rps": 60.0,
+        "simulate_traffic": True,
+        "approval_timeout_s": 60,
+        "impact_report_after": False,
+        "tensorrt_wait_s": 0,
+        "actor": "bench.chaos",
+    }
+
+
+def _poll(found: Callable[[], Any], timeout_s: float, every_s: float = 0.25) -> Any:
+    """`found()` once truthy, or None after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(every_s)
+    return None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def release_kills(root: Path, kills: int, lease_s: float, events: int) -> dict[str, Any]:
+    """Kill `kills` releases mid-canary on a deployed local stack; what became of each."""
+    from relay_testing.deployed_stack import DeployedStack, finish
+
+    stack = DeployedStack(root / "stack", extra_env={"RELAY_SERVING_CANARY_LEASE_S": str(lease_s)})
+    rng = random.Random(5)
+    kills_out: list[dict[str, Any]] = []
+    try:
+        seeding = stack.seed_events(events, END, {"seed": 51, "n_users": 3_000, "n_items": 1_000})
+        stack.start(serving_workers=2)
+        finish(seeding)
+        first = stack.wait_for_run(
+            stack.run_deployment(RELEASE, _release_params(1, lease_s)), timeout_s=600
+        )
+        if first.get("state_type") != "COMPLETED" or stack.store().get_alias("champion") is None:
+            outcome = stack.artifacts(first["id"]).get("release-outcome", {}).get("data")
+            raise SystemExit(
+                f"the first release made no champion: {first['state_name']}: {outcome}"
+            )
+        skipped: list[dict[str, Any]] = []
+        for attempt in range(2 * kills):  # a release that ends before its canary is not a kill
+            if len(kills_out) == kills:
+                break
+            mode = "pool" if len(kills_out) % 2 == 0 else "embedded"
+            outcome = _kill_one_release(stack, mode, 10 + attempt, lease_s, rng)
+            (kills_out if "orphan_canary_s" in outcome else skipped).append(outcome)
+            print(json.dumps(outcome), flush=True)
+        # the last kill's successor: one more release must leave the queue and start running;
+        # then it is cancelled (what it would do is the first release's business)
+        last = stack.run_deployment(RELEASE, {**_release_params(99, lease_s), "deploy": False})
+        started = _poll(lambda: stack.api("GET", f"/flow_runs/{last}")["start_time"], 600, 1.0)
+        if kills_out:
+            kills_out[-1]["next_release_started"] = started is not None
+        stack.api("POST", f"/flow_runs/{last}/set_state", {"state": {"type": "CANCELLING"}})
+        stack.wait_for_run(last, timeout_s=120)
+    finally:
+        stack.stop()
+    return _release_figures(kills_out, lease_s) | {"releases_ended_before_their_canary": skipped}
+
+
+def _kill_one_release(
+    stack: Any, mode: str, seed: int, lease_s: float, rng: random.Random
+) -> dict[str, Any]:
+    """Start a release (`pool` or `embedded`), SIGKILL it in its canary step, watch the aftermath."""
+    champion = stack.store().get_alias("champion")
+    _poll(lambda: not stack.active_runs(), 600, 1.0)  # nothing else holds the embedded ClickHouse
+    before = {r["id"] for r in stack.flow_runs_of(RELEASE, include_adhoc=True)}
+    params = _release_params(seed, lease_s)
+    embedded = None
+    if mode == "pool":
+        run_id = stack.run_deployment(RELEASE, params)
+    else:
+        embedded = stack.run_embedded_release(params, stack.root / f"embedded-{seed}.log")
+        new = _poll(
+            lambda: [
+                r["id"]
+                for r in stack.flow_runs_of(RELEASE, include_adhoc=True)
+                if r["id"] not in before
+            ],
+            300,
+            1.0,
+        )
+        run_id = new[0] if new else ""
+
+    def ended() -> dict[str, Any] | None:
+        run = stack.api("GET", f"/flow_runs/{run_id}") if run_id else {"state_type": "FAILED"}
+        return run if run["state_type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
+
+    _poll(lambda: stack.canary_weights() == {STEP} or ended(), 600)
+    started = stack.api("GET", f"/flow_runs/{run_id}") if run_id else {}
+    if stack.canary_weights() != {STEP}:  # e.g. its plan paused and nobody answered
+        if embedded is not None:
+            _kill_group(embedded.pid)
+            embedded.wait(timeout=30)
+        final = ended() or {}
+        return {"mode": mode, "run": run_id, "ended": final.get("state_name", "still running")}
+    time.sleep(rng.uniform(0, lease_s / 3))  # anywhere between two renewals
+    pids = [embedded.pid] if embedded is not None else stack.flow_run_pids()
+    killed = time.monotonic()
+    for pid in pids:
+        _kill_group(pid)
+    if embedded is not None:
+        embedded.wait(timeout=30)
+    off = _poll(lambda: stack.canary_weights() == {0}, 3 * lease_s + 60)
+    orphan_s = time.monotonic() - killed if off else None
+    final = _poll(
+        lambda: (r := stack.api("GET", f"/flow_runs/{run_id}"))["state_type"] != "RUNNING" and r,
+        CRASH_WAIT_S,
+        1.0,
+    )
+    unloaded = _poll(
+        lambda: {w.canary_version for w in stack.fleet_state()} == {None}, CRASH_WAIT_S, 0.5
+    )
+    return {
+        "mode": mode,
+        "run": run_id,
+        "deployment_run": bool(started.get("deployment_id")),
+        "killed_pids": len(pids),
+        "orphan_canary_s": None if orphan_s is None else round(orphan_s, 2),
+        "canary_unloaded_s": round(time.monotonic() - killed, 1) if unloaded else None,
+        "prefect_state_after": final["state_name"] if final else "Running",
+        "prefect_state_message": (final or {}).get("state", {}).get("message", "")[:200],
+        "champion_unchanged": stack.store().get_alias("champion") == champion,
+        "next_release_started": None,  # filled in when the next release starts
+    }
+
+
+def _release_figures(kills: list[dict[str, Any]], lease_s: float) -> dict[str, Any]:
+    for earlier in kills[:-1]:
+        earlier["next_release_started"] = True  # the next kill's release ran into its canary
+    orphan = [k["orphan_canary_s"] for k in kills if k.get("orphan_canary_s") is not None]
+    bound = lease_s + lease_s / 3
+    return {
+        "release_kills": len(kills),
+        "release_kill_modes": sorted({k["mode"] for k in kills}),
+        "lease_s": lease_s,
+        "orphan_canary_bound_s": round(bound, 2),
+        "orphan_canary_s_max": max(orphan) if orphan else None,
+        "orphan_canary_s_median": round(statistics.median(orphan), 2) if orphan else None,
+        "orphans_within_bound": sum(1 for s in orphan if s <= bound),
+        "prefect_state_after": sorted({k["prefect_state_after"] for k in kills}),
+        "champion_unchanged": all(k.get("champion_unchanged") for k in kills),
+        "next_release_started": all(k.get("next_release_started") for k in kills),
+        "kills": kills,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker-kills", type=int, default=20)
+    parser.add_argument("--connections", type=int, default=4, help="load threads per kill")
+    parser.add_argument("--release-kills", type=int, default=5)
+    parser.add_argument("--lease-s", type=float, default=15.0, help="canary lease of part 3")
+    parser.add_argument("--events", type=int, default=20_000, help="events of the serving model")
+    parser.add_argument(
+        "--release-events", type=int, default=40_000, help="events seeded for the releases"
+    )
+    parser.add_argument("--logging-rounds", type=int, default=3)
+    parser.add_argument("--logging-seconds", type=float, default=4.0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
+    args = parser.parse_args()
+    started = time.monotonic()
+
+    from bench.serving import build_small_version
+
+    with tempfile.TemporaryDirectory(prefix="relay-bench-chaos-") as tmp_name:
+        tmp = Path(tmp_name)
+        store, manifest = build_small_version(tmp, args.events)
+        env = {
+            "RELAY_HOME": str(tmp / "serving"),
+            "RELAY_MODEL_STORE_URL": store.backend.describe(),
+            "RELAY_CLICKHOUSE_DSN": f"chdb://{tmp / 'clickhouse'}",
+            "RELAY_SERVING_PORT": "0",
+            "RELAY_SERVING_BINARY_PORT": "0",
+            "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+            "RELAY_SERVING_STABLE_REF": manifest.version,
+        }
+        figures: dict[str, Any] = worker_kills(tmp, env, args.worker_kills, args.connections)
+        print(json.dumps(figures), flush=True)
+        figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
+        print(
+            json.dumps({k: figures[k] for k in ("worker_rps", "worker_nolog_rps", "logging_cost")}),
+            flush=True,
+        )
+        if args.release_kills:
+            figures |= release_kills(tmp, args.release_kills, args.lease_s, args.release_events)
+    figures |= {
+        "wall_s": round(time.monotonic() - started, 1),
+        "cpu_count": os.cpu_count(),
+        "measured_at": datetime.now(UTC).isoformat(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
