@@ -77,7 +77,7 @@ def _send_until_dead(
 
 def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) -> dict[str, Any]:
     """SIGKILL a loaded worker `kills` times (restarting it); every answered request's row."""
-    import logstore.spool
+    import logstore.reading
     from bench.serving import request_docs
     from serving.process import start_worker
 
@@ -107,7 +107,7 @@ def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) 
             s.join(timeout=30)
         stop.set()
         worker.stop()
-    client = logstore.spool.connect_for_reading(
+    client = logstore.reading.connect_for_reading(
         env["RELAY_CLICKHOUSE_DSN"], Path(env["RELAY_HOME"]) / "spool"
     )
     counts = dict(

@@ -114,8 +114,13 @@ class LogServer(Protocol):
 
 
 def rows_to_table(rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS) -> pa.Table:
-    """Rows as an Arrow table with the table's column types (inference_logs by default)."""
+    """Rows as an Arrow table with the table's column types (inference_logs by default).
+
+    Rows that lack the table's later columns (made by code that predates them) get their defaults.
+    """
     schema = table.schema
+    if rows and len(rows[0]) < len(schema):
+        rows = [table.complete(tuple(row)) for row in rows]
     columns: list[Sequence[Any]] = (
         list(zip(*rows, strict=True)) if rows else [[]] * len(schema.names)
     )
