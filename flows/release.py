@@ -101,6 +101,7 @@ def retrain_and_release(
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     simulate_traffic: bool = True,
     traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
+    simulate_feedback: bool = True,
     tensorrt_wait_s: Annotated[float, Field(ge=0, le=7200)] = 900.0,
     impact_report_after: bool = True,
     impact_min_sessions: Annotated[int, Field(ge=10)] = IMPACT.min_sessions,
@@ -179,7 +180,12 @@ def retrain_and_release(
         max_windows=max_windows_per_step,
     )
     traffic = (
-        LiveTraffic(rate_rps=traffic_rps, duration_s=analysis_window_s, seed=seed)
+        LiveTraffic(
+            rate_rps=traffic_rps,
+            duration_s=analysis_window_s,
+            seed=seed,
+            feedback=simulate_feedback,
+        )
         if simulate_traffic
         else None
     )

@@ -120,3 +120,64 @@ def feedback_counts(client: Client, start: datetime, end: datetime) -> FeedbackC
         orders=int(orders),
         order_value=float(value or 0.0),
     )
+
+
+# Per-user sums of impressions (n) and clicked impressions (k) of the canary and its baseline:
+# a user's impressions are correlated (one shopper, sticky routing), so the judge clusters by
+# user, and only a handful of numbers per slot leave the database. "Clicked" is the labelled
+# events' rule: any click or order on the (request, item), credited to its top-ranked showing.
+_CLICK_COHORTS_SQL = """
+SELECT slot, model_version, count() AS users, sum(n) AS impressions, sum(k) AS clicked,
+       sum(n * n) AS nn, sum(k * k) AS kk, sum(n * k) AS nk
+FROM (
+    SELECT slot, model_version, user_id, toFloat64(count()) AS n, toFloat64(sum(clicked)) AS k
+    FROM (
+        SELECT i.slot AS slot, i.model_version AS model_version, i.user_id AS user_id,
+               toUInt8(f.events > 0
+                       AND i.rank = min(i.rank) OVER (PARTITION BY i.request_id, i.item_id))
+                   AS clicked
+        FROM impressions AS i
+        LEFT JOIN (
+            SELECT request_id, item_id, count() AS events FROM feedback
+            WHERE ts >= {start:DateTime64(3, 'UTC')} GROUP BY request_id, item_id
+        ) AS f ON i.request_id = f.request_id AND i.item_id = f.item_id
+        WHERE i.ts >= {start:DateTime64(3, 'UTC')} AND i.ts < {end:DateTime64(3, 'UTC')}
+          AND ((i.slot = 'canary' AND i.model_version = {canary:String})
+               OR (i.slot = 'baseline' AND i.model_version = {baseline:String}))
+    )
+    GROUP BY slot, model_version, user_id
+)
+GROUP BY slot, model_version
+"""
+
+
+@dataclass(frozen=True)
+class ClickSums:
+    """One slot's impressions over a period, summed per user: the click-through sample."""
+
+    slot: str
+    model_version: str
+    users: int
+    impressions: float
+    clicked: float  # impressions with a click or order
+    nn: float  # Σ n_u² (impressions per user)
+    kk: float  # Σ k_u² (clicked impressions per user)
+    nk: float  # Σ n_u k_u
+
+    @property
+    def rate(self) -> float:
+        return self.clicked / self.impressions if self.impressions else float("nan")
+
+
+def query_click_cohorts(
+    client: Client, start: datetime, end: datetime, canary: str, baseline: str
+) -> dict[str, ClickSums]:
+    """Click sums of the canary (`canary` version) and baseline slots over [start, end), by slot."""
+    rows = client.query(
+        _CLICK_COHORTS_SQL,
+        parameters={"start": start, "end": end, "canary": canary, "baseline": baseline},
+    ).result_rows
+    return {
+        str(r[0]): ClickSums(str(r[0]), str(r[1]), int(r[2]), *(float(x) for x in r[3:]))
+        for r in rows
+    }

@@ -262,6 +262,13 @@ class FleetClient:
         body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
+    def set_ranking(self, slot: str, ranking: str) -> FleetResult:
+        """Answers of `slot` ranked by the model (`model`), upside down (`reversed`) or at random
+        (`shuffled`), on every worker: a version that is fast but serves worse feeds."""
+        check_slot(slot)
+        body = {"slot": slot, "ranking": ranking}
+        return self._one_phase("set_ranking", self._each("POST", "/admin/ranking", body))
+
     def _weight_body(self, weight: int, lease_s: float | None) -> dict[str, Any]:
         return {"weight": weight, "lease_s": self.lease_s if lease_s is None else lease_s}
 

@@ -240,6 +240,11 @@ def build_app(worker: Worker) -> ASGIApp:
             body.get("stage", "compute"),
         )
 
+    async def ranking(body: dict[str, Any]) -> dict[str, Any]:
+        if "ranking" not in body:
+            raise RequestRejected("missing_field", "body needs 'slot' and 'ranking'")
+        return await worker.set_ranking(check_slot(body.get("slot")), body["ranking"])
+
     async def feedback(request: Request) -> Response:
         """Clicks and orders on one served request's items; 202 once they are written ahead."""
         log = worker.feedback_log
@@ -281,6 +286,7 @@ def build_app(worker: Worker) -> ASGIApp:
         Route("/admin/promote", admin("promote", promote), methods=["POST"]),
         Route("/admin/rollback", admin("rollback", rollback), methods=["POST"]),
         Route("/admin/latency", admin("latency", latency), methods=["POST"]),
+        Route("/admin/ranking", admin("ranking", ranking), methods=["POST"]),
     ]
     return with_predict(
         predict, Starlette(routes=routes, exception_handlers={HTTPException: http_error})

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
+import numpy as np
+
 from serving.schema import RequestRejected
 
 STABLE = "stable"
@@ -34,6 +36,9 @@ SLOTS = (STABLE, CANARY, BASELINE)
 STAGES = ("queue", "preprocess", "compute", "postprocess")
 MAX_INJECTED_MS = 60_000.0
 MAX_SLOWDOWN = 100.0
+# How a slot ranks its answers: by the model's scores, or (to rehearse a version that is fast
+# but serves worse feeds, as a train/serve skew would) its scores reversed or shuffled.
+RANKINGS = ("model", "reversed", "shuffled")
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,7 @@ class RoutingTable(Generic[M]):
     canary_weight: int = 0  # the baseline, when loaded, takes the same share
     lease: CanaryLease | None = None  # what keeps canary_weight above 0; None at weight 0
     injections: dict[str, Injection] = field(default_factory=dict)  # never mutated: replaced
+    rankings: dict[str, str] = field(default_factory=dict)  # slot -> one of RANKINGS, likewise
 
     def route(self, user_id: int) -> tuple[str, M] | None:
         """(slot, model) for this user, or None when nothing can serve them."""
@@ -130,6 +136,9 @@ class RoutingTable(Generic[M]):
 
     def injection(self, slot: str) -> Injection:
         return self.injections.get(slot, Injection())
+
+    def ranking(self, slot: str) -> str:
+        return self.rankings.get(slot, "model")
 
     def models(self) -> set[M]:
         return {m for m in (self.stable, self.canary, self.baseline) if m is not None}
@@ -219,6 +228,32 @@ class RoutingTable(Generic[M]):
             )
         injections = {**self.injections, slot: Injection(float(ms), float(factor), stage)}
         return replace(self, injections=injections)
+
+    def with_ranking(self, slot: str, ranking: str) -> RoutingTable[M]:
+        """Answers of `slot` ranked `ranking` (see RANKINGS); latency is untouched."""
+        check_slot(slot)
+        if ranking not in RANKINGS:
+            raise RequestRejected(
+                "bad_ranking", f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}"
+            )
+        return replace(self, rankings={**self.rankings, slot: ranking})
+
+
+def perturbed(scores: np.ndarray, ranking: str, rng: np.random.Generator) -> np.ndarray:
+    """The same scores, moved so that the feed they rank is `ranking`'s.
+
+    `reversed` gives the best-scored candidate the lowest score and so on (a feed upside down);
+    `shuffled` hands the scores out at random. The set of scores is unchanged, so every
+    score-level SLO and calibration summary of the slot looks as healthy as before.
+    """
+    if ranking == "model" or len(scores) < 2:
+        return scores
+    if ranking == "shuffled":
+        return rng.permutation(scores)
+    out = np.empty_like(scores)
+    order = np.argsort(-scores, kind="stable")
+    out[order] = np.sort(scores, kind="stable")
+    return out
 
 
 def check_slot(slot: object) -> str:

@@ -34,7 +34,14 @@ from serving.engine import LoadedModel
 from serving.feedback import Answered, FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
-from serving.routing import SLOTS, Injection, RoutingTable, check_slot, grant_lease
+from serving.routing import (
+    SLOTS,
+    Injection,
+    RoutingTable,
+    check_slot,
+    grant_lease,
+    perturbed,
+)
 from serving.schema import PredictRequest, RequestRejected
 from serving.tracing import RequestTracer, parent_context, traceparent_of
 
@@ -77,6 +84,7 @@ class Exchange:
     t_enqueued: float = 0.0
     injection: Injection | None = None
     injected_s: float = 0.0  # what the injection actually added, booked to its stage
+    ranking: str = "model"  # how the slot ranks its answer (routing.RANKINGS)
     raw: np.ndarray | None = None  # the request's raw features, for its impressions rows
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
@@ -128,6 +136,7 @@ class Worker:
         self._retiring: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._started = time.time()
+        self._rng = np.random.default_rng()  # for a `shuffled` ranking only
         self.lease_expirations = 0
         metrics.watch(self.snapshot)
 
@@ -165,6 +174,7 @@ class Worker:
         ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
         injection = table.injection(slot)
         ex.injection = injection if injection != Injection() else None
+        ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e))
 
@@ -184,7 +194,7 @@ class Worker:
             )
             ex.batch = batch
         else:
-            ex.scores, ex.batch = scores, batch
+            ex.scores, ex.batch = perturbed(scores, ex.ranking, self._rng), batch
         if ex.injection is not None:
             held_from = time.perf_counter()
 
@@ -438,6 +448,12 @@ class Worker:
             log.info("injected latency for %s set to x%s + %s ms in %s", slot, factor, ms, stage)
             return self.state()
 
+    async def set_ranking(self, slot: str, ranking: str) -> dict[str, Any]:
+        async with self._admin_lock:
+            self._swap(self.table.with_ranking(slot, ranking))
+            log.info("answers of %s ranked %s", slot, ranking)
+            return self.state()
+
     def _swap(self, table: RoutingTable[Served]) -> None:
         leaving = self.table.models() - table.models()
         self.table = table
@@ -480,6 +496,7 @@ class Worker:
             "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
             "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
             "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
+            "ranking": {slot: t.ranking(slot) for slot in SLOTS},
             "batching": {
                 "max_rows": self.settings.serving_max_batch_rows,
                 "max_delay_ms": self.settings.serving_max_batch_delay_ms,

@@ -44,10 +44,9 @@ class LiveTraffic:
     concurrency: int = 8
     gmv_per_ms: float = -0.05  # the planted effect of latency on GMV (simulation.sessions)
     seed: int = 0
-    # Shoppers click and order on what was served and post it to /v1/feedback. Off for the
-    # release's own canary traffic until verified there: a feedback POST per clicked feed adds
-    # HTTP work to the canary's windows. The served-traffic test turns it on.
-    feedback: bool = False
+    # Shoppers click and order on what was served and post it to /v1/feedback: the canary's
+    # click-through check and training on served traffic read it.
+    feedback: bool = True
     drift: Drift | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +123,7 @@ def drive(
     population = make_population(shop or ShopConfig()) if traffic.feedback else None
     bodies = request_bodies(events, traffic.candidates)
     run = uuid.uuid4().hex[:8]
+    salt = int(run, 16)  # each drive's shoppers draw their own clicks
     session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
     for body, session_id in zip(bodies, session_of, strict=True):
         body["session"]["session_id"] = session_id
@@ -160,8 +160,9 @@ def drive(
                     answer = response.json()
                     slots[i] = answer["slot"]
                     if population is not None:
+                        rng = np.random.default_rng([traffic.seed, salt, i])
                         clicks[i] = _send_feedback(
-                            client, urls[i % len(urls)], population, bodies[i], answer, traffic, i
+                            client, urls[i % len(urls)], population, bodies[i], answer, rng
                         )
             except httpx.HTTPError:
                 feedback_failed[i] = not np.isnan(latencies[i])
@@ -192,11 +193,9 @@ def _send_feedback(
     population: Any,
     body: dict,
     answer: dict,
-    traffic: LiveTraffic,
-    i: int,
+    rng: np.random.Generator,
 ) -> int:
     """Post the shopper's clicks and orders on one answered feed; the clicks sent."""
-    rng = np.random.default_rng([traffic.seed, i])
     fb = feedback_body(population, body, answer["request_id"], answer["scores"], rng)
     if fb is None:
         return 0

@@ -10,6 +10,14 @@ window's, for the record) it returns a typed verdict and the evidence carried to
   larger, as a ratio). The step passes once the interval's high end is below the tolerance.
 - Errors: the difference of 5xx rates, the same way, against `error_tolerance_pt`.
 - The absolute SLOs (P95, error rate) apply to the canary as before.
+- Clicks: with feedback flowing, the ratio of click-through rates canary/baseline (impressions
+  clicked or ordered, clustered by user) over the whole canary so far, every step included,
+  with the same kind of always-valid interval. A canary whose clicks are clearly lower (the
+  interval's high end below x1) by more than `ctr_tolerance_pct` % fails the step, however fast
+  it serves. It is a harm detector, not a pass condition: clicks accrue far more slowly than
+  latency samples (one feed is one latency sample and ~1 click), so a step whose latency and
+  errors pass is not held back waiting for clicks; its verdict states the click-through interval
+  reached, or why clicks were not judged (fewer than `min_impressions` per cohort).
 - A per-user Mann-Whitney U test (ClickHouse's `mannWhitneyUTest`) is reported beside it, per
   window and over the step. It is a fixed-sample test: it is shown, never decided on, because
   looking at it after every window would inflate its false alarms.
@@ -34,7 +42,9 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 import logstore
+from logstore.feedback import ClickSums, query_click_cohorts
 from logstore.reading import connect_for_reading
+from logstore.release_events import events_of_release
 from logstore.slo import (
     CohortSums,
     PairedSeconds,
@@ -52,6 +62,7 @@ from tasks.canary import record
 from tasks.sequential import (
     METHOD,
     Interval,
+    click_through_shift,
     confidence_sequence,
     error_shift,
     latency_shift,
@@ -78,6 +89,8 @@ class CanaryRules:
     min_requests: int = 200  # per cohort over the step before any verdict
     max_windows: int = 10  # per step; still undecided then -> inconclusive, a person decides
     consecutive_error_limit: int = 4  # failed log queries in a row before `error`
+    ctr_tolerance_pct: float = 10.0  # clicks: a canary losing more than 10 % of them fails
+    min_impressions: int = 2_000  # per cohort, over the canary so far, before clicks are judged
     power: float = 0.8  # what the plan aims for: a canary equal to its baseline passes
 
     def __post_init__(self) -> None:
@@ -92,6 +105,8 @@ class CanaryRules:
             "max_error_rate": 0 < self.max_error_rate <= 1,
             "consecutive_error_limit": self.consecutive_error_limit >= 1,
             "power": 0 < self.power < 1,
+            "ctr_tolerance_pct": 0 < self.ctr_tolerance_pct < 100,
+            "min_impressions": self.min_impressions >= 1,
         }
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
         if bad:
@@ -108,6 +123,11 @@ class CanaryRules:
         relative = self.tolerance_ms / baseline_p95_ms if baseline_p95_ms > 0 else math.inf
         return 1 + max(self.tolerance_pct / 100, relative)
 
+    @property
+    def ctr_tolerance(self) -> float:
+        """The lowest canary/baseline click-through ratio that is not a loss."""
+        return 1 - self.ctr_tolerance_pct / 100
+
     def thresholds(self) -> dict[str, float]:
         return {
             "max_p95_ms": self.max_p95_ms,
@@ -118,6 +138,8 @@ class CanaryRules:
             "error_tolerance_pt": self.error_tolerance_pt,
             "min_requests": float(self.min_requests),
             "max_windows": float(self.max_windows),
+            "ctr_tolerance_pct": self.ctr_tolerance_pct,
+            "min_impressions": float(self.min_impressions),
         }
 
 
@@ -133,6 +155,8 @@ class StepFigures:
     window_canary: CohortSums | None = None
     window_baseline: CohortSums | None = None
     window_rank: RankTest | None = None
+    clicks_canary: ClickSums | None = None  # over the canary so far, all its steps
+    clicks_baseline: ClickSums | None = None
 
 
 @dataclass(frozen=True)
@@ -142,14 +166,22 @@ class StepEvidence:
     looks: int = 0
     latency: Interval = field(default_factory=lambda: Interval(-math.inf, math.inf, 1.0))
     errors: Interval = field(default_factory=lambda: Interval(-math.inf, math.inf, 1.0))
+    clicks: Interval = field(default_factory=lambda: Interval(-math.inf, math.inf, 1.0))
 
-    def after(self, latency: Interval, errors: Interval) -> StepEvidence:
-        """Both intervals hold at every look at once, so their running intersection does too."""
+    def after(
+        self, latency: Interval, errors: Interval, clicks: Interval | None = None
+    ) -> StepEvidence:
+        """Each interval holds at every look at once, so their running intersection does too."""
 
         def meet(a: Interval, b: Interval) -> Interval:
             return Interval(max(a.low, b.low), min(a.high, b.high), min(a.p_value, b.p_value))
 
-        return StepEvidence(self.looks + 1, meet(self.latency, latency), meet(self.errors, errors))
+        return StepEvidence(
+            self.looks + 1,
+            meet(self.latency, latency),
+            meet(self.errors, errors),
+            self.clicks if clicks is None else meet(self.clicks, clicks),
+        )
 
 
 def _describe(prefix: str, c: CohortSums | None) -> dict[str, float]:
@@ -218,9 +250,14 @@ def judge_window(
     shift = latency_shift(canary, baseline, figures.paired)
     errors_shift = error_shift(canary, baseline, figures.paired)
     error_tol = rules.error_tolerance_pt / 100
+    clicks = _clicks_judged(figures, rules)
+    ctr_shift = click_through_shift(*clicks) if clicks is not None else None
     evidence = evidence.after(
         confidence_sequence(shift, math.log(tolerance), rules.alpha),
         confidence_sequence(errors_shift, max(error_tol, 1e-4), rules.alpha),
+        None
+        if ctr_shift is None
+        else confidence_sequence(ctr_shift, -math.log(rules.ctr_tolerance), rules.alpha),
     )
     lat, err = evidence.latency, evidence.errors
     ratio = math.exp(shift.value)
@@ -270,20 +307,76 @@ def judge_window(
         failures.append(
             f"relative to baseline: {error_text}, beyond the +{rules.error_tolerance_pt:g} pt tolerance"
         )
+    if clicks is None or ctr_shift is None:
+        measured["ctr_judged"] = 0.0
+        clicks_text = _clicks_not_judged(figures, rules)
+    else:
+        ctr = evidence.clicks
+        measured |= {
+            "ctr_judged": 1.0,
+            "canary_impressions": clicks[0].impressions,
+            "baseline_impressions": clicks[1].impressions,
+            "canary_ctr": clicks[0].rate,
+            "baseline_ctr": clicks[1].rate,
+            "ctr_ratio": math.exp(ctr_shift.value),
+            "ctr_ratio_low": math.exp(max(ctr.low, -700)),
+            "ctr_ratio_high": math.exp(min(ctr.high, 700)),
+            "ctr_tolerance_ratio": rules.ctr_tolerance,
+            "ctr_p_always_valid": ctr.p_value,
+        }
+        clicks_text = (
+            f"click-through canary {clicks[0].rate:.2%} vs baseline {clicks[1].rate:.2%} "
+            f"(x{math.exp(ctr_shift.value):.2f}; always-valid {pct} interval "
+            f"x{math.exp(max(ctr.low, -700)):.2f}-x{math.exp(min(ctr.high, 700)):.2f}, "
+            f"p={ctr.p_value:.3g}; {clicks[0].impressions:.0f} vs {clicks[1].impressions:.0f} "
+            f"impressions from {clicks[0].users} vs {clicks[1].users} users over the canary so far)"
+        )
+        if ctr.high < 0 and ctr_shift.value < math.log(rules.ctr_tolerance):
+            failures.append(
+                f"fewer clicks than baseline: {clicks_text}, beyond the "
+                f"-{rules.ctr_tolerance_pct:g} % click-through tolerance"
+            )
     if failures:
         return verdict(Verdict.failed, "; ".join(failures), evidence)
     if lat.high < math.log(tolerance) and err.high < error_tol:
         return verdict(
             Verdict.passed,
             f"no regression beyond tolerance: {latency_text}, within the {tolerance_text}; "
-            f"{error_text}, within +{rules.error_tolerance_pt:g} pt",
+            f"{error_text}, within +{rules.error_tolerance_pt:g} pt; {clicks_text}",
             evidence,
         )
     return verdict(
         Verdict.inconclusive,
         f"not yet conclusive after look {evidence.looks} of {rules.max_windows}: {latency_text}, "
-        f"{tolerance_text}; {error_text}",
+        f"{tolerance_text}; {error_text}; {clicks_text}",
         evidence,
+    )
+
+
+def _clicks_judged(figures: StepFigures, rules: CanaryRules) -> tuple[ClickSums, ClickSums] | None:
+    """Canary and baseline click sums when both are large enough to judge, else None."""
+    c, b = figures.clicks_canary, figures.clicks_baseline
+    if c is None or b is None:
+        return None
+    enough = min(c.impressions, b.impressions) >= rules.min_impressions
+    if not enough or min(c.users, b.users) < MIN_USERS or b.clicked == 0:
+        return None
+    return c, b
+
+
+def _clicks_not_judged(figures: StepFigures, rules: CanaryRules) -> str:
+    c, b = figures.clicks_canary, figures.clicks_baseline
+    if c is None and b is None:
+        return "clicks not judged: no impressions logged for canary or baseline (feedback off?)"
+    counts = ", ".join(
+        f"{name} {x.impressions:.0f} impressions from {x.users} users, {x.clicked:.0f} clicked"
+        if x is not None
+        else f"{name} none"
+        for name, x in (("canary", c), ("baseline", b))
+    )
+    return (
+        f"clicks not judged yet: {counts} over the canary so far (needs {rules.min_impressions} "
+        f"impressions from {MIN_USERS} users each, and a baseline click)"
     )
 
 
@@ -311,9 +404,15 @@ def reader(settings: Settings) -> Any:
 
 
 def read_step_figures(
-    client: Any, step_start: datetime, start: datetime, end: datetime, canary: str, baseline: str
+    client: Any,
+    step_start: datetime,
+    start: datetime,
+    end: datetime,
+    canary: str,
+    baseline: str,
+    canary_start: datetime | None = None,
 ) -> StepFigures:
-    """Cumulative and last-window figures of one step from the log store."""
+    """Cumulative and last-window figures of one step, and clicks since `canary_start`."""
 
     def pick(cohorts: list[CohortSums], slot: str, version: str | None) -> CohortSums | None:
         rows = [
@@ -322,6 +421,7 @@ def read_step_figures(
         return max(rows, key=lambda c: c.requests) if rows else None
 
     step = query_cohorts(client, step_start, end, SLOTS)
+    clicks = query_click_cohorts(client, canary_start or step_start, end, canary, baseline)
     window = query_cohorts(client, start, end, ("canary", "baseline"))
     return StepFigures(
         canary=pick(step, "canary", canary),
@@ -332,7 +432,18 @@ def read_step_figures(
         window_canary=pick(window, "canary", canary),
         window_baseline=pick(window, "baseline", baseline),
         window_rank=query_rank_test(client, start, end, canary, baseline),
+        clicks_canary=clicks.get("canary"),
+        clicks_baseline=clicks.get("baseline"),
     )
+
+
+def canary_started_at(settings: Settings, release: Release) -> datetime | None:
+    """When this release's canary first took users (its first weight above 0), if it has."""
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    for event in events_of_release(client, release.release_id):
+        if event.kind == "weight" and event.verdict == "passed" and event.details.get("weight"):
+            return event.ts if event.ts.tzinfo else event.ts.replace(tzinfo=UTC)
+    return None
 
 
 def unreachable_workers(settings: Settings) -> list[str]:
@@ -460,9 +571,17 @@ def analyse_canary_step(
         time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
         return start, end
 
+    canary_start = canary_started_at(settings, release)
+
     def read_figures(step_start: datetime, start: datetime, end: datetime) -> StepFigures:
         return read_step_figures(
-            reader(settings), step_start, start, end, release.version, baseline_version
+            reader(settings),
+            step_start,
+            start,
+            end,
+            release.version,
+            baseline_version,
+            canary_start or step_start,
         )
 
     def on_look(window: int, gate: GateResult) -> None:  # visible while the step still runs
@@ -504,6 +623,9 @@ _TABLE_COLUMNS = (
     "latency_tolerance_ratio",
     "latency_p_always_valid",
     "error_diff",
+    "ctr_ratio",
+    "ctr_ratio_low",
+    "ctr_ratio_high",
     "mwu_p",
     "window_mwu_p",
 )

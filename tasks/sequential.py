@@ -34,6 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from logstore.feedback import ClickSums
 from logstore.slo import CohortSums, PairedSeconds
 
 METHOD = (
@@ -108,6 +109,28 @@ def error_rate(c: CohortSums) -> Estimate:
     adjusted = (e + 1) / (n + 2)
     floor = adjusted * (1 - adjusted) / n
     return Estimate(e / n, max(_two_way(per_user, per_second, per_request), floor))
+
+
+def log_click_through(c: ClickSums) -> Estimate:
+    """log of the share of impressions clicked, with its per-user clustered variance.
+
+    Clicks are counted per impression but a user's impressions are correlated, so the variance
+    is the delta method over users (requests nest within users), floored at the binomial
+    variance; on the log scale Var(log r) = Var(r) / r². Half a click is added to each count
+    (a continuity correction), so a cohort without clicks yet has a finite estimate.
+    """
+    if c.impressions <= 0:
+        return Estimate(math.nan, math.inf)
+    n, k = c.impressions, c.clicked
+    rate = (k + 0.5) / (n + 1)
+    per_user = _ratio_variance(c.users, k, n, c.kk, c.nn, c.nk)
+    binomial = rate * (1 - rate) / n
+    return Estimate(math.log(rate), max(per_user, binomial) / (rate * rate))
+
+
+def click_through_shift(c: ClickSums, b: ClickSums) -> Estimate:
+    """log(canary CTR / baseline CTR); the cohorts' users are disjoint, so variances add."""
+    return difference(log_click_through(c), log_click_through(b))
 
 
 def difference(a: Estimate, b: Estimate) -> Estimate:

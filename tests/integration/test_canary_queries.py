@@ -14,7 +14,9 @@ import pandas as pd
 import pytest
 
 import logstore
+from logstore.feedback import query_click_cohorts
 from logstore.impact import INFERENCE_LOG_COLUMNS, insert_inference_logs
+from logstore.log_tables import FEEDBACK_COLUMNS, IMPRESSION_COLUMNS
 from logstore.slo import (
     cohort_sums_of,
     paired_seconds_of,
@@ -142,3 +144,69 @@ def test_clickhouse_pairs_canary_and_baseline_by_second_as_the_replay_does(seede
         assert getattr(have, name) == getattr(want, name), name
     for name in ("sc_sb", "sc_ab", "ac_sb"):
         assert getattr(have, name) == pytest.approx(getattr(want, name), rel=1e-5), name
+
+
+def test_click_sums_per_user_credit_one_click_per_shown_item_and_ignore_strangers(settings):
+    """Per-user impressions and clicked impressions of canary and baseline, as the judge reads
+    them: clicks and orders on one item are one clicked impression, an item shown twice in a
+    feed is credited once, other slots, versions and unknown requests count for nothing."""
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    at = START + timedelta(hours=2)
+    rng = np.random.default_rng(8)
+    impressions, feedback, want = [], [], {}
+    for slot, version, users in (("canary", "c-v2", 40), ("baseline", "c-v1", 50)):
+        per_user = {}
+        for u in range(users):
+            user = 10_000 * len(want) + u
+            n = k = 0
+            for r in range(int(rng.integers(1, 4))):
+                request = f"{slot}-{u}-{r}"
+                items = list(range(20))
+                items[19] = items[0]  # item 0 shown twice: at rank 1 and rank 20
+                for rank, item in enumerate(items, 1):
+                    impressions.append((request, rank, slot, version, user, item))
+                n += 20
+                for item in set(rng.choice(19, int(rng.integers(0, 4)), replace=False)):
+                    feedback.append((request, int(item), "click"))
+                    if item % 2:  # ordered too: still one clicked impression
+                        feedback.append((request, int(item), "order"))
+                    k += 1
+            per_user[user] = (n, k)
+        want[slot] = per_user
+    impressions += [("s-0", 1, "stable", "c-v1", 99, 1), ("x-0", 1, "canary", "other", 98, 1)]
+    feedback += [("s-0", 1, "click"), ("x-0", 1, "click"), ("nobody-served-this", 3, "click")]
+    frame = pd.DataFrame(
+        impressions, columns=["request_id", "rank", "slot", "model_version", "user_id", "item_id"]
+    )
+    for name in IMPRESSION_COLUMNS:
+        if name not in frame:
+            frame[name] = 0.0 if name not in ("lineage_id", "session_id") else "l"
+    frame["ts"] = at
+    frame["rank"] = frame["rank"].astype(np.uint16)
+    for name in (
+        "user_id",
+        "item_id",
+        "category_id",
+        "brand_id",
+        "device_type",
+        "hour",
+        "weekday",
+        "position",
+        "region_id",
+    ):
+        frame[name] = frame[name].astype(np.uint64)
+    client.insert_df("impressions", frame[list(IMPRESSION_COLUMNS)])
+    fb = pd.DataFrame(feedback, columns=["request_id", "item_id", "event"])
+    fb["ts"], fb["order_value"] = at + timedelta(seconds=2), 0.0
+    fb["feedback_id"] = [f"cq-{i}" for i in range(len(fb))]
+    fb["item_id"] = fb["item_id"].astype(np.uint64)
+    client.insert_df("feedback", fb[list(FEEDBACK_COLUMNS)])
+
+    got = query_click_cohorts(client, at, at + timedelta(minutes=1), "c-v2", "c-v1")
+    assert set(got) == {"canary", "baseline"}
+    for slot, per_user in want.items():
+        n = np.array([v[0] for v in per_user.values()], dtype=float)
+        k = np.array([v[1] for v in per_user.values()], dtype=float)
+        have = got[slot]
+        assert (have.users, have.impressions, have.clicked) == (len(n), n.sum(), k.sum()), slot
+        assert (have.nn, have.kk, have.nk) == ((n * n).sum(), (k * k).sum(), (n * k).sum()), slot

@@ -2,7 +2,8 @@
 
 Scenarios: first release; a good candidate promoted against its baseline; a canary over the
 absolute SLO rolled back; a canary slower than its baseline but under the SLO rolled back by the
-relative comparison; a worker killed mid-canary; too little traffic paused for a person (twice:
+relative comparison; a canary as fast as its baseline whose feeds lose clicks rolled back by
+the click-through check; a worker killed mid-canary; too little traffic paused for a person (twice:
 the plan, then the step); numerically broken candidates never deployed; the release guard
 rolling back a champion whose live SLO breaks; a manual rollback. The canary gate runs its
 default rules throughout.
@@ -191,6 +192,9 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
     assert last["latency_ratio_high"] < last["latency_tolerance_ratio"]
     assert "mSPRT" in windows[-1].details["method"] and "per-user" in windows[-1].details["method"]
     assert "no regression beyond tolerance" in windows[-1].reason
+    # shoppers' clicks were judged too, over the whole canary (both steps)
+    assert last["ctr_judged"] == 1 and last["canary_impressions"] >= 2_000
+    assert "click-through canary" in windows[-1].reason
     assert events["canary_plan"][0].verdict == "reachable"
     assert events["promote"][0].verdict == "passed"
     history = store.alias_history("champion")
@@ -233,6 +237,29 @@ def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_rel
     measured = failed.details["measurements"]
     assert measured["canary_p95_ms"] < 300 and measured["latency_ratio_low"] > 1.0
     assert measured["latency_ratio"] > measured["latency_tolerance_ratio"]
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
+
+
+def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_through(fleet):
+    # The canary's feeds are served upside down (its scores reversed at serve time, as a
+    # train/serve skew would): as fast as ever, calibrated as before, but shoppers click less.
+    with FleetClient.from_settings(get_settings()) as client:
+        assert client.set_ranking("canary", "reversed").ok
+        try:
+            summary = run_release(seed=9)
+        finally:
+            client.set_ranking("canary", "model")
+    assert summary.outcome == "rolled_back", summary.reason
+    assert "fewer clicks than baseline: click-through canary" in summary.reason
+    assert "relative to baseline" not in summary.reason and "absolute" not in summary.reason
+    failed = kinds(summary)["slo_window"][-1]
+    measured = failed.details["measurements"]
+    assert measured["ctr_judged"] == 1 and measured["ctr_ratio_high"] < 1.0
+    assert measured["ctr_ratio"] < measured["ctr_tolerance_ratio"]
+    assert measured["canary_impressions"] >= 2_000 and measured["baseline_impressions"] >= 2_000
+    assert measured["latency_ratio_low"] < 1.0 < measured["latency_ratio_high"]  # no slower
+    assert measured["canary_p95_ms"] < 300
     assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
     assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from logstore.feedback import ClickSums
 from logstore.slo import CohortSums, cohort_sums_of, paired_seconds_of
 from relay.errors import LogStoreError
 from relay.types import Verdict
@@ -23,6 +24,7 @@ from tasks.canary_plan import plan_canary
 from tasks.sequential import (
     Estimate,
     always_valid_p,
+    click_through_shift,
     confidence_sequence,
     latency_shift,
     mean_log_latency,
@@ -349,3 +351,144 @@ def test_undecided_after_the_last_window_says_so() -> None:
     looks = run_step(FakeStep([thin] * 3).io(), CanaryRules(max_windows=3), 5)
     assert len(looks) == 3 and looks[-1].verdict is Verdict.inconclusive
     assert looks[-1].reason.startswith("still inconclusive after all 3 windows at 5 %")
+
+
+def clicks_of(
+    slot: str,
+    rng: np.random.Generator,
+    users: int,
+    ctr: float,
+    impressions_per_user: float = 40.0,
+    user_sd: float = 0.8,
+) -> ClickSums:
+    """Per-user impressions and clicks: each user's own CTR spread around `ctr` (logit normal)."""
+    n = rng.poisson(impressions_per_user, users).astype(float) + 1
+    logit = math.log(ctr / (1 - ctr)) + rng.normal(0.0, user_sd, users)
+    k = rng.binomial(n.astype(int), 1 / (1 + np.exp(-logit))).astype(float)
+    version = "v2" if slot == "canary" else "v1"
+    return ClickSums(
+        slot,
+        version,
+        users,
+        n.sum(),
+        k.sum(),
+        float((n * n).sum()),
+        float((k * k).sum()),
+        float((n * k).sum()),
+    )
+
+
+def judge_with_clicks(canary_ctr: float, baseline_ctr: float, users: int, seed: int):
+    rng = np.random.default_rng(seed)
+    figures = StepFigures(
+        cohort("canary", rng, 3000),
+        cohort("baseline", rng, 3000),
+        clicks_canary=clicks_of("canary", rng, users, canary_ctr),
+        clicks_baseline=clicks_of("baseline", rng, users, baseline_ctr),
+    )
+    return judge_window(figures, RULES, StepEvidence())[0]
+
+
+def test_a_canary_that_serves_fast_but_loses_clicks_fails_on_click_through() -> None:
+    gate = judge_with_clicks(0.03, 0.048, users=800, seed=21)  # x0.62, as a feed upside down
+    assert gate.verdict is Verdict.failed, gate.reason
+    assert gate.reason.startswith("fewer clicks than baseline: click-through canary")
+    assert "-10 % click-through tolerance" in gate.reason and "latency" not in gate.reason
+    m = gate.measurements
+    assert m["latency_ratio_high"] < m["latency_tolerance_ratio"]  # latency alone would pass
+    assert m["ctr_judged"] == 1 and m["ctr_ratio_high"] < 1.0 and m["ctr_ratio"] < 0.9
+
+
+def test_equal_click_through_passes_and_the_verdict_states_its_interval() -> None:
+    gate = judge_with_clicks(0.048, 0.048, users=800, seed=22)
+    assert gate.verdict is Verdict.passed, gate.reason
+    assert (
+        "click-through canary" in gate.reason and "impressions from 800 vs 800 users" in gate.reason
+    )
+    m = gate.measurements
+    assert m["ctr_ratio_low"] < 1.0 < m["ctr_ratio_high"]
+
+
+def test_a_small_click_loss_within_tolerance_is_not_a_failure() -> None:
+    gate = judge_with_clicks(0.046, 0.048, users=20_000, seed=23)  # -4 %, clear with this much
+    assert gate.measurements["ctr_ratio_high"] < 1.0  # statistically clear ...
+    assert gate.verdict is Verdict.passed, gate.reason  # ... and within the 10 % tolerance
+
+
+def test_too_few_impressions_leaves_clicks_unjudged_and_says_so() -> None:
+    rng = np.random.default_rng(24)
+    figures = StepFigures(
+        cohort("canary", rng, 3000),
+        cohort("baseline", rng, 3000),
+        clicks_canary=clicks_of("canary", rng, 30, 0.01, impressions_per_user=10),
+        clicks_baseline=clicks_of("baseline", rng, 30, 0.05, impressions_per_user=10),
+    )
+    gate, _ = judge_window(figures, RULES, StepEvidence())
+    assert gate.verdict is Verdict.passed, gate.reason  # on latency and errors alone ...
+    assert (
+        "clicks not judged yet: canary" in gate.reason and "needs 2000 impressions" in gate.reason
+    )
+    assert gate.measurements["ctr_judged"] == 0  # ... and saying clicks were not judged
+    silent, _ = judge(cohort("canary", rng, 3000), cohort("baseline", rng, 3000))
+    assert "no impressions logged for canary or baseline" in silent.reason
+
+
+def test_users_who_click_alike_widen_the_click_through_interval() -> None:
+    rng = np.random.default_rng(25)
+    alike = click_through_shift(
+        clicks_of("canary", rng, 500, 0.05, user_sd=1.5),
+        clicks_of("baseline", rng, 500, 0.05, user_sd=1.5),
+    )
+    independent = click_through_shift(
+        clicks_of("canary", rng, 500, 0.05, user_sd=0.0),
+        clicks_of("baseline", rng, 500, 0.05, user_sd=0.0),
+    )
+    assert alike.variance > 1.5 * independent.variance
+
+
+def test_aa_false_click_failures_stay_under_alpha_over_many_looks() -> None:
+    """Equal click-through, judged after every window of a growing canary: few false rollbacks."""
+    rng = np.random.default_rng(26)
+    rules = CanaryRules(ctr_tolerance_pct=1.0)  # any clear loss fails
+    failed = 0
+    for _ in range(300):
+        evidence = StepEvidence()
+        n = np.zeros(0)
+        k = np.zeros(0)
+        m, j = np.zeros(0), np.zeros(0)
+        for _ in range(10):  # each look adds 60 users per cohort, each with their own CTR
+            new_n = rng.poisson(20, 60).astype(float) + 1
+            new_m = rng.poisson(20, 60).astype(float) + 1
+            p_c = 1 / (1 + np.exp(-(math.log(0.05 / 0.95) + rng.normal(0, 0.8, 60))))
+            p_b = 1 / (1 + np.exp(-(math.log(0.05 / 0.95) + rng.normal(0, 0.8, 60))))
+            n, k = np.append(n, new_n), np.append(k, rng.binomial(new_n.astype(int), p_c))
+            m, j = np.append(m, new_m), np.append(j, rng.binomial(new_m.astype(int), p_b))
+            figures = StepFigures(
+                cohort("canary", rng, 400),
+                cohort("baseline", rng, 400),
+                clicks_canary=ClickSums(
+                    "canary",
+                    "v2",
+                    len(n),
+                    n.sum(),
+                    k.sum(),
+                    (n * n).sum(),
+                    (k * k).sum(),
+                    (n * k).sum(),
+                ),
+                clicks_baseline=ClickSums(
+                    "baseline",
+                    "v1",
+                    len(m),
+                    m.sum(),
+                    j.sum(),
+                    (m * m).sum(),
+                    (j * j).sum(),
+                    (m * j).sum(),
+                ),
+            )
+            gate, evidence = judge_window(figures, rules, evidence)
+            if gate.measurements.get("ctr_judged") and "fewer clicks" in gate.reason:
+                failed += 1
+                break
+    assert failed / 300 <= 0.05

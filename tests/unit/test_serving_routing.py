@@ -7,9 +7,18 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
-from serving.routing import BASELINE, CANARY, STABLE, Injection, RoutingTable, route_bucket
+from serving.routing import (
+    BASELINE,
+    CANARY,
+    STABLE,
+    Injection,
+    RoutingTable,
+    perturbed,
+    route_bucket,
+)
 from serving.schema import RequestRejected
 
 
@@ -156,3 +165,25 @@ def test_baseline_caps_the_canary_weight_at_half_and_leaves_with_it() -> None:
     assert table.with_weight(50).rolled_back().models() == {OLD}
     promoted = table.with_weight(50).promoted()
     assert promoted.stable is NEW and promoted.baseline is None and promoted.canary is None
+
+
+def test_a_perturbed_ranking_reorders_the_feed_but_keeps_every_score() -> None:
+    scores = np.array([0.2, 0.9, 0.05, 0.4], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    upside_down = perturbed(scores, "reversed", rng)
+    assert sorted(upside_down) == sorted(scores)
+    assert list(np.argsort(-upside_down)) == list(np.argsort(-scores))[::-1]
+    assert perturbed(scores, "model", rng) is scores
+    shuffled = [tuple(perturbed(scores, "shuffled", rng)) for _ in range(20)]
+    assert all(sorted(s) == sorted(scores) for s in shuffled) and len(set(shuffled)) > 1
+
+
+def test_ranking_is_per_slot_and_refuses_unknown_ones() -> None:
+    table = RoutingTable(stable=OLD, canary=NEW).with_ranking(CANARY, "reversed")
+    assert table.ranking(CANARY) == "reversed" and table.ranking(STABLE) == "model"
+    assert table.with_latency(CANARY, 5.0).ranking(CANARY) == "reversed"  # independent of latency
+    with pytest.raises(RequestRejected) as bad:
+        table.with_ranking(CANARY, "upside-down")
+    assert bad.value.code == "bad_ranking" and "model, reversed, shuffled" in bad.value.detail
+    with pytest.raises(RequestRejected):
+        table.with_ranking("gold", "model")
