@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from relay.settings import get_settings
+from relay.settings import Settings, get_settings
 
 # The demo drives its own shoppers and judges them by the default rules; at 60 req/s the 10 %
 # step reaches its 200 requests per cohort in ~3 windows of 15 s and the 50 % step in one.
@@ -20,6 +20,9 @@ DEMO_CANARY = {
     "approval_timeout_s": 600,
     "impact_min_sessions": 200,
 }
+# Between the first release and the second, shoppers use the first for this long: the second
+# release then trains partly on what it served.
+SERVED_RPS, SERVED_S = 60.0, 30.0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -38,13 +41,18 @@ def _demo(args: argparse.Namespace) -> int:
     )
     # With no champion yet, the first release goes straight to stable; a second, retrained with
     # another seed, then shows the whole canary: blessing, steps, verdicts, promotion or rollback.
+    # Every demo release trains on the seeded events plus what the fleet served and shoppers
+    # clicked (train_on_served): the first release's own shoppers, then each canary's.
     first_ever = open_store(settings).get_alias("champion") is None
     seeds = [args.seed, args.seed + 1] if first_ever else [args.seed]
-    for seed in seeds:
+    for n, seed in enumerate(seeds):
+        if n > 0:
+            _serve_shoppers(settings, seed)
         state = retrain_and_release(
             window_days=args.window_days,
             seed=seed,
             actor="make demo",
+            train_on_served=True,
             return_state=True,
             **DEMO_CANARY,
         )
@@ -68,12 +76,29 @@ def _demo(args: argparse.Namespace) -> int:
         f"  MLflow:        {settings.resolved_mlflow_uri} (model {settings.mlflow_model_name}, aliases candidate, champion)"
     )
     print(
-        f"  ClickHouse:    {logstore.redact(settings.resolved_clickhouse_dsn)} (tables release_events, inference_logs, user_sessions)"
+        f"  ClickHouse:    {logstore.redact(settings.resolved_clickhouse_dsn)} (tables release_events, inference_logs, user_sessions, impressions, feedback)"
     )
     print(
         f"  serving fleet: {settings.serving_fleet_urls}  (make down stops it and the Prefect server)"
     )
     return 0
+
+
+def _serve_shoppers(settings: Settings, seed: int) -> None:
+    """Shoppers on the first release's fleet, and the wait until their feedback counts as labels."""
+    import time
+
+    from logstore.feedback import LABEL_DELAY
+    from simulation.traffic import LiveTraffic, drive
+
+    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+    report = drive(urls, LiveTraffic(rate_rps=SERVED_RPS, duration_s=SERVED_S, seed=seed))
+    clicks = sum(report.clicks_by_slot.values())
+    print(
+        f"\nshoppers: {report.requests:,} feeds served by the champion, {clicks:,} clicks fed back; "
+        f"waiting {LABEL_DELAY.total_seconds():.0f} s until they count as labelled events"
+    )
+    time.sleep(LABEL_DELAY.total_seconds() + 2 * settings.serving_log_flush_ms / 1000)
 
 
 def _seed(args: argparse.Namespace) -> int:

@@ -215,10 +215,13 @@ def read_training_window(
             return read_window(client, window.start, window.end)
         client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
         labelled_end = min(window.end, datetime.now(UTC) - LABEL_DELAY)
-        return with_served(
-            read_window(client, window.start, window.end),
-            read_labelled_window(client, window.start, labelled_end),
+        events = read_window(client, window.start, window.end)
+        served_events = read_labelled_window(client, window.start, labelled_end)
+        print(
+            f"training window {window}: {len(events):,} events and {len(served_events):,} "
+            f"served impressions labelled by feedback (older than {LABEL_DELAY})"
         )
+        return with_served(events, served_events)
     except LogStoreError:
         raise
     except Exception as exc:

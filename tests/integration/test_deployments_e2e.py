@@ -20,6 +20,9 @@ import pytest
 import yaml
 
 from relay_testing.deployed_stack import REPO, DeployedStack, finish, outcome_of
+from simulation.drift import Drift
+from simulation.shop import ShopConfig
+from simulation.traffic import LiveTraffic, drive
 from tests.integration.release_params import END, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
@@ -29,6 +32,7 @@ DEPLOYMENTS = {d["name"]: d for d in SPEC["deployments"]}
 RELEASE = "retrain-and-release/retrain-and-release"
 ROLLBACK = "rollback/rollback"
 GUARD = "release-guard/release-guard"
+DRIFT = "drift-watch/drift-watch"
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
 # Small data, one short canary step with the embedded shoppers driving traffic (the deployment's
 # own default is simulate_traffic=false: production reads real traffic).
@@ -198,6 +202,44 @@ def test_rollback_deployment_moves_champion_back(stack, versions):
         "e2e test",
         "e2e: on-call rolls back",
     )
+    assert stack.fleet_stable() == {versions["first"]}
+
+
+def test_planted_drift_is_detected_and_its_event_starts_a_release_through_the_trigger(
+    stack, versions
+):
+    # Shoppers whose devices moved to one kind call the real fleet; drift-watch, run from its
+    # deployment, reads their impressions and alerts; the trigger prefect.yaml declares on
+    # relay.drift.detected starts retrain-and-release with actor drift-watch.
+    before = {r["id"] for r in stack.flow_runs_of(RELEASE)}
+    report = drive(
+        stack.fleet_urls,
+        LiveTraffic(rate_rps=60, duration_s=8, seed=13, drift=Drift("device_mix", 0.5)),
+        ShopConfig(**SHOP),
+    )
+    assert report.requests > 300 and report.failed == 0
+    run_id = stack.run_deployment(DRIFT, {"window_minutes": 0.5})
+    run = stack.wait_for_run(run_id, timeout_s=240)
+    assert run["state_type"] == "COMPLETED", run["state"]["message"]
+    report = stack.artifacts(run_id)["drift-watch"]["data"]
+    assert "device_type" in report and "failed" in report, report
+
+    def drift_events() -> list[dict[str, Any]]:  # the server persists events in batches
+        query = {"filter": {"event": {"name": ["relay.drift.detected"]}, "order": "DESC"}}
+        return stack.api("POST", "/events/filter", query)["events"]
+
+    [event] = stack.wait_for(drift_events, timeout_s=30, what="relay.drift.detected event")
+    assert "device_type" in event["payload"]["features"]
+    assert event["resource"]["prefect.resource.id"] == f"relay.model.{versions['first']}"
+
+    def triggered() -> list[dict[str, Any]]:
+        return [r for r in stack.flow_runs_of(RELEASE) if r["id"] not in before]
+
+    started = stack.wait_for(triggered, timeout_s=90, what="release run started by the trigger")
+    assert len(started) == 1 and started[0]["parameters"]["actor"] == "drift-watch"
+    # This test's seeded week lies in July, so a release over the week to now finds no events
+    # and stops at data validation: what matters here is that the event started it.
+    stack.wait_for_run(started[0]["id"], timeout_s=300)
     assert stack.fleet_stable() == {versions["first"]}
 
 

@@ -8,7 +8,9 @@ by Playwright, against a stack with one serving worker. In order, sharing the st
 2. a release whose canary cannot conclude pauses - first at the plan, then at the step - and is
    resumed from its flow-run page's form: start the canary, then promote, with comments;
 3. the same pauses answered with "roll back": the comment is the outcome's reason;
-4. the `rollback` deployment's Quick run moves champion back to the first release.
+4. the `rollback` deployment's Quick run moves champion back to the first release;
+5. planted drift in the shoppers' traffic: drift-watch alerts, the trigger starts a release,
+   and the on-call engineer finds that run (actor drift-watch) on the deployment's page.
 
 Screenshots go to test-artifacts/. Selectors are the words a person reads (roles, labels,
 button texts); the schema forms' inputs carry no accessible name, so each is found inside the
@@ -30,6 +32,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page, Response, Route, expect, sync_playwright
 
 from relay_testing.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
+from simulation.drift import Drift
 from simulation.shop import ShopConfig
 from simulation.traffic import LiveTraffic, drive
 from tasks.canary import CanaryDecision, PlanDecision
@@ -49,6 +52,7 @@ CHROMIUM_ARGS = [
 ARTIFACTS = REPO / "test-artifacts"
 RELEASE = "retrain-and-release/retrain-and-release"
 ROLLBACK = "rollback/rollback"
+DRIFT = "drift-watch/drift-watch"
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}  # data a small model gets blessed on
 # No traffic of its own and one 1-second window per step: the canary cannot conclude and pauses
 # for a person. The pause waits long enough for a slow page, and ends before a stuck test would.
@@ -414,4 +418,39 @@ def test_on_call_quick_runs_the_rollback_deployment_and_champion_moves_back(stac
         "on-call",
         "manual rollback from the Prefect UI",
     )
+    assert stack.fleet_stable() == {versions["first"]}
+
+
+def test_on_call_finds_the_release_that_planted_drift_started_on_the_deployment_page(
+    stack, page, versions
+):
+    # Shoppers whose devices moved to one kind; drift-watch (run as its schedule would) alerts,
+    # and prefect.yaml's trigger on relay.drift.detected starts retrain-and-release.
+    before = {r["id"] for r in stack.flow_runs_of(RELEASE)}
+    sent = drive(
+        stack.fleet_urls,
+        LiveTraffic(rate_rps=60, duration_s=8, seed=14, drift=Drift("device_mix", 0.5)),
+        ShopConfig(**SHOP),
+    )
+    assert sent.failed == 0
+    watch = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
+    assert watch["state_type"] == "COMPLETED", watch["state"]["message"]
+
+    def triggered() -> list[dict[str, Any]]:
+        return [r for r in stack.flow_runs_of(RELEASE) if r["id"] not in before]
+
+    [started] = stack.wait_for(triggered, timeout_s=90, what="release started by drift")
+    assert started["parameters"]["actor"] == "drift-watch"
+
+    page.goto(f"{stack.ui_url}/deployments")
+    page.get_by_role("link", name="retrain-and-release", exact=True).first.click()
+    page.wait_for_url("**/deployments/deployment/**")
+    page.get_by_role("link", name=started["name"], exact=True).first.click()
+    page.wait_for_url(f"**/runs/flow-run/{started['id']}**")
+    page.get_by_role("tab", name="Parameters").click()
+    expect(page.get_by_text(re.compile("drift-watch")).first).to_be_visible()
+    page.screenshot(path=ARTIFACTS / "ui-release-started-by-drift.png")
+    # The stack's seeded week is in the past, so this release over the week to now stops at
+    # data validation; the champion and the fleet stay as they were.
+    stack.wait_for_run(started["id"], timeout_s=300)
     assert stack.fleet_stable() == {versions["first"]}
