@@ -1,9 +1,12 @@
 """The canary plan: before the first step, how many windows each step should need.
 
-From recent stable traffic (its clustered variance of log latency and its P95) and the rate the
-canary will see, the plan finds for each step the fewest windows after which a canary equal to
-its baseline passes (`judge_window`'s rule) with the target power. When a step cannot get there
-within the rules' maximum windows, the release says so before any traffic moves.
+From recent stable traffic (its clustered variance of log latency, its P95 and its 5xx rate) and
+the rate the canary will see, the plan finds for each step the fewest windows after which a
+canary equal to its baseline passes (`judge_window`'s rule: latency *and* errors within their
+tolerances) with the target power. Errors often set the length: with no 5xx at all the error
+interval still narrows only as 1/n (its Agresti-Caffo floor), so showing "within +0.5 pt" takes
+some 900 requests per cohort, far more than latency needs. When a step cannot get there within
+the rules' maximum windows, the release says so before any traffic moves.
 """
 
 from __future__ import annotations
@@ -53,19 +56,36 @@ def windows_needed(
     requests_per_window: float,
     tolerance_log: float,
     rules: CanaryRules,
+    error_rate: float = 0.0,
 ) -> int | None:
-    """Fewest windows after which a canary equal to its baseline passes with `rules.power`."""
+    """Fewest windows after which a canary equal to its baseline passes with `rules.power`.
+
+    Both of the step's intervals must get below their tolerances: latency's (from the stable
+    traffic's per-request variance) and errors' (at the stable traffic's 5xx rate, with the
+    judge's Agresti-Caffo floor).
+    """
     if requests_per_window <= 0 or not math.isfinite(per_request_variance):
         return None
     z = NormalDist().inv_cdf(rules.power)
+    error_tol = rules.error_tolerance_pt / 100
+
+    def clears(interval_variance: float, noise_variance: float, tolerance: float) -> bool:
+        """The interval's half-width plus the estimate's own noise at `power` fits the tolerance."""
+        h = half_width(interval_variance, tolerance, rules.alpha)
+        return h + z * math.sqrt(noise_variance) <= tolerance
+
     for k in range(1, rules.max_windows + 1):
         n = k * requests_per_window
         if n < rules.min_requests:
             continue
-        variance = 2 * per_request_variance / n  # canary and baseline, equal shares
-        if (
-            half_width(variance, tolerance_log, rules.alpha) + z * math.sqrt(variance)
-            <= tolerance_log
+        latency = 2 * per_request_variance / n  # canary and baseline, equal shares
+        # errors: the estimate's noise is binomial (none at all without 5xx), but the judge's
+        # interval never uses less than the Agresti-Caffo floor
+        noise = 2 * error_rate * (1 - error_rate) / n
+        adjusted = (error_rate * n + 1) / (n + 2)
+        interval = max(2 * adjusted * (1 - adjusted) / n, noise)
+        if clears(latency, latency, tolerance_log) and clears(
+            interval, noise, max(error_tol, 1e-4)
         ):
             return k
     return None
@@ -90,12 +110,12 @@ def plan_canary(
         )
     per_request = mean_log_latency(recent).variance * recent.answered
     tolerance_log = math.log(rules.latency_tolerance(recent.p95_ms))
+    error_rate = recent.errors / recent.requests if recent.requests else 0.0
     plans = []
     for w in steps:
         per_window = rate_rps * w / 100 * window_s
-        plans.append(
-            StepPlan(w, per_window, windows_needed(per_request, per_window, tolerance_log, rules))
-        )
+        windows = windows_needed(per_request, per_window, tolerance_log, rules, error_rate)
+        plans.append(StepPlan(w, per_window, windows))
     reachable = all(p.windows is not None for p in plans)
     parts = [
         f"{p.weight} %: ~{p.windows} window{'s' if p.windows != 1 else ''}"
@@ -108,12 +128,13 @@ def plan_canary(
     if not reachable:
         summary += (
             f"; at {rate_rps:g} req/s a step marked 'not within' cannot show 'no regression "
-            f"beyond x{math.exp(tolerance_log):.2f}' with {rules.power:.0%} power before its "
-            f"{rules.max_windows} windows end, and would pause for a person"
+            f"beyond x{math.exp(tolerance_log):.2f}' in latency and +{rules.error_tolerance_pt:g} "
+            f"pt in errors with {rules.power:.0%} power before its {rules.max_windows} windows "
+            "end, and would pause for a person"
         )
     basis = (
         f"{recent.answered:.0f} recent stable requests from {recent.users} users, P95 "
-        f"{recent.p95_ms:.1f} ms, at {rate_rps:g} req/s"
+        f"{recent.p95_ms:.1f} ms, 5xx {error_rate:.2%}, at {rate_rps:g} req/s"
     )
     return CanaryPlan(plans, window_s, basis, reachable, summary)
 

@@ -20,7 +20,7 @@ from tasks.canary_analysis import (
     judge_window,
     run_step,
 )
-from tasks.canary_plan import plan_canary
+from tasks.canary_plan import plan_canary, windows_needed
 from tasks.sequential import (
     Estimate,
     always_valid_p,
@@ -492,3 +492,23 @@ def test_aa_false_click_failures_stay_under_alpha_over_many_looks() -> None:
                 failed += 1
                 break
     assert failed / 300 <= 0.05
+
+
+def test_plan_waits_for_the_errors_interval_too_not_just_latency() -> None:
+    """With no 5xx at all the errors' interval narrows as 1/n: that, not latency, sets the length."""
+    rng = np.random.default_rng(27)
+    recent = cohort("stable", rng, 5000, users=2000, median_ms=2.5)  # P95 ~6 ms, like the fleet
+    tolerance = math.log(RULES.latency_tolerance(recent.p95_ms))
+    per_request = mean_log_latency(recent).variance * recent.answered
+    latency_only = CanaryRules(error_tolerance_pt=100.0)  # errors cannot hold a step back
+    assert windows_needed(per_request, 240, tolerance, latency_only) == 1
+    both = windows_needed(per_request, 240, tolerance, RULES)
+    assert both is not None and both >= 4  # ~1,000 requests per cohort for +-0.5 pt
+    plan = plan_canary(recent, 40.0, [10, 50], 15.0, RULES)  # 60 requests a window at 10 %
+    assert not plan.reachable and "10 %: not within 10 windows" in plan.summary
+    assert "+0.5 pt in errors" in plan.summary and "5xx 0.00%" in plan.basis
+    # and the judge agrees: equal cohorts of 400 requests each, no errors, do not pass yet
+    gate, _ = judge(
+        cohort("canary", rng, 400, median_ms=2.5), cohort("baseline", rng, 400, median_ms=2.5)
+    )
+    assert gate.verdict is Verdict.inconclusive and gate.measurements["error_diff_high"] > 0.005
