@@ -33,13 +33,16 @@ stack: install
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
 	deployments/local/serving.sh start
 
-# The stack, plus the work pools, every deployment in prefect.yaml (schedules and UI buttons), and
-# a worker in the `cpu` pool whose flow runs reach the fleet.
+# The stack, plus the work pools, every deployment in prefect.yaml (schedules and UI buttons), a
+# worker in the `cpu` pool whose flow runs reach the fleet, and the shop: shoppers calling the
+# fleet as a real shop's would, so the deployments' releases, guard and drift-watch read traffic.
 up: stack
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/deploy.sh
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/prefect-worker.sh start
+	deployments/local/shop.sh start
 
 down:
+	-deployments/local/shop.sh stop
 	-deployments/local/prefect-worker.sh stop
 	-deployments/local/serving.sh stop
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh stop

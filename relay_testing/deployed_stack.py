@@ -2,7 +2,9 @@
 
 A real Prefect server on a free loopback port (deployments/local/prefect-server.sh), the work
 pools and every deployment of prefect.yaml (deployments/local/deploy.sh), a process worker in
-the `cpu` pool (deployments/local/prefect-worker.sh) and, when asked, serving workers.
+the `cpu` pool (deployments/local/prefect-worker.sh) and, when asked, serving workers and the
+shop (deployments/local/shop.sh; `make up` always starts it, tests only when they need it, so
+that the other tests' canaries see only the traffic they drive).
 
 Everything runs in subprocesses with a private RELAY_HOME and PREFECT_HOME. chdb admits one
 engine path per process and the pytest process may already hold the session's path, so nothing
@@ -133,9 +135,31 @@ class DeployedStack:
         self.serving.append(worker)
         return worker
 
+    def start_shop(self, rate_rps: float, shop: Mapping[str, int]) -> None:
+        """`deployments/local/shop.sh start`, as `make up` runs it, with this shop's world."""
+        args = f"--shop-seed {shop['seed']} --n-users {shop['n_users']} --n-items {shop['n_items']}"
+        self.extra_env.update({"RELAY_SHOP_RPS": f"{rate_rps:g}", "RELAY_SHOP_ARGS": args})
+        self.started.append("shop")
+        self._script("shop.sh", "start", timeout_s=30)
+
+    def stop_shop(self) -> str:
+        """Stop the shop (it ends its round first); its log."""
+        self._script("shop.sh", "stop", timeout_s=30)
+        pid = self.home / "shop" / "shop.pid"
+        log = self.home / "shop" / "shop.log"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "stopped after" not in log.read_text():
+            time.sleep(0.2)
+        if "shop" in self.started:
+            self.started.remove("shop")
+        assert not pid.exists()
+        return log.read_text()
+
     def stop(self) -> None:
         """Everything this stack started, side by side (each waits for its process); never raises."""
         stops: list[Callable[[], object]] = [w.stop for w in self.serving]
+        if "shop" in self.started:
+            stops.append(lambda: self._script("shop.sh", "stop", check=False))
         if "worker" in self.started:
             stops.append(lambda: self._script("prefect-worker.sh", "stop", check=False))
         if "server" in self.started:

@@ -40,7 +40,8 @@ from logstore.slo import CohortSums, PairedSeconds
 METHOD = (
     "delta method clustered two ways, per-user (routing is sticky) and per-second (a slot's "
     "queue; canary and baseline paired by second), mSPRT normal-mixture confidence sequence "
-    "valid at every look (Johari et al. 2022)"
+    "valid at every look (Johari et al. 2022); click-through canary/baseline over the canary "
+    "so far, clustered per user, the same confidence sequence"
 )
 
 

@@ -20,9 +20,6 @@ import pytest
 import yaml
 
 from relay_testing.deployed_stack import REPO, DeployedStack, finish, outcome_of
-from simulation.drift import Drift
-from simulation.shop import ShopConfig
-from simulation.traffic import LiveTraffic, drive
 from tests.integration.release_params import END, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
@@ -208,16 +205,17 @@ def test_rollback_deployment_moves_champion_back(stack, versions):
 def test_planted_drift_is_detected_and_its_event_starts_a_release_through_the_trigger(
     stack, versions
 ):
-    # Shoppers whose devices moved to one kind call the real fleet; drift-watch, run from its
-    # deployment, reads their impressions and alerts; the trigger prefect.yaml declares on
-    # relay.drift.detected starts retrain-and-release with actor drift-watch.
+    # The shop process `make up` runs (deployments/local/shop.sh), with drift planted the way an
+    # operator plants it: its drift file. Shoppers whose devices moved to one kind call the real
+    # fleet; drift-watch, run from its deployment, reads their impressions and alerts; the
+    # trigger prefect.yaml declares on relay.drift.detected starts retrain-and-release.
     before = {r["id"] for r in stack.flow_runs_of(RELEASE)}
-    report = drive(
-        stack.fleet_urls,
-        LiveTraffic(rate_rps=60, duration_s=8, seed=13, drift=Drift("device_mix", 0.5)),
-        ShopConfig(**SHOP),
-    )
-    assert report.requests > 300 and report.failed == 0
+    (stack.home / "shop").mkdir(exist_ok=True)
+    (stack.home / "shop" / "drift.json").write_text('{"kind": "device_mix", "magnitude": 0.5}')
+    stack.start_shop(rate_rps=40, shop=SHOP)
+    time.sleep(12)
+    log = stack.stop_shop()
+    assert "round 1:" in log and "drift device_mix x0.5" in log, log[-3000:]
     run_id = stack.run_deployment(DRIFT, {"window_minutes": 0.5})
     run = stack.wait_for_run(run_id, timeout_s=240)
     assert run["state_type"] == "COMPLETED", run["state"]["message"]

@@ -1,0 +1,137 @@
+"""The shop as its own process: shoppers calling the serving fleet until it is told to stop.
+
+    python -m simulation.shop_service [--rate-rps 20] [--round-s 10] [--max-hours 12]
+                                      [--shop-seed S --n-users U --n-items I]
+
+Shoppers (`simulation.traffic.drive`, feedback on) call every URL of `RELAY_SERVING_FLEET_URLS`
+in back-to-back rounds of `--round-s` seconds at `--rate-rps`, and post their clicks and orders
+(the shop's world, `simulation.shop.ShopConfig`, is the seeder's unless told otherwise).
+The fleet logs the requests, impressions and feedback as it would a real shop's, so scheduled
+releases, the release guard and drift-watch on `make up` read traffic nobody drove from inside a
+flow. Bounded: the process stops by itself after `--max-hours`, and at SIGTERM or SIGINT once the
+round in progress ends (at most `--round-s`).
+
+Planted drift: at the start of every round the process reads `--drift-file` (default
+`$RELAY_HOME/shop/drift.json`, e.g. `{"kind": "device_mix", "magnitude": 0.5}`; kinds in
+`simulation.drift`). No file means no drift; a file that does not parse or names an unknown kind
+is reported in the log, naming the problem, and the round runs without drift.
+
+Sessions' GMV (`user_sessions`) is not written from here: the embedded ClickHouse admits one
+process, and the release's impact report reads the sessions of the shoppers it drives itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from relay.settings import get_settings
+from simulation.drift import Drift
+from simulation.shop import ShopConfig
+from simulation.traffic import LiveTraffic, drive
+
+log = logging.getLogger("relay.shop")
+
+
+def read_drift(path: Path) -> Drift | None:
+    """The drift the file plants, None without a file; ValueError naming what is wrong."""
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"drift file {path} is not readable JSON: {exc}") from exc
+    if not isinstance(doc, dict) or set(doc) - {"kind", "magnitude"} or "kind" not in doc:
+        raise ValueError(
+            f'drift file {path} must be {{"kind": ..., "magnitude": ...}}, got {doc!r}'
+        )
+    magnitude = doc.get("magnitude", 0.0)
+    if not isinstance(magnitude, int | float) or isinstance(magnitude, bool):
+        raise ValueError(f"drift file {path}: magnitude must be a number, got {magnitude!r}")
+    return Drift(doc["kind"], float(magnitude))  # Drift names a bad kind or magnitude
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulation.shop_service", description=__doc__)
+    parser.add_argument("--rate-rps", type=float, default=20.0, help="feeds a second (20)")
+    parser.add_argument("--round-s", type=float, default=10.0, help="seconds a round (10)")
+    parser.add_argument("--max-hours", type=float, default=12.0, help="stop after this (12)")
+    parser.add_argument("--seed", type=int, default=0, help="of the shoppers' draws (0)")
+    parser.add_argument("--shop-seed", type=int, default=ShopConfig.seed, help="the shop's world")
+    parser.add_argument("--n-users", type=int, default=ShopConfig.n_users)
+    parser.add_argument("--n-items", type=int, default=ShopConfig.n_items)
+    parser.add_argument("--drift-file", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the rounds
+    settings = get_settings()
+    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+    home = Path(os.environ.get("RELAY_HOME", ".relay"))
+    drift_file = args.drift_file or home / "shop" / "drift.json"
+    try:
+        LiveTraffic(rate_rps=args.rate_rps, duration_s=args.round_s)  # checks both bounds
+        if not urls:
+            raise ValueError("RELAY_SERVING_FLEET_URLS names no serving worker")
+        if not 0 < args.max_hours <= 24 * 7:
+            raise ValueError(f"--max-hours must be in (0, 168], got {args.max_hours}")
+        if args.n_users < 1 or args.n_items < 20:
+            raise ValueError("--n-users must be >= 1 and --n-items >= 20 (a feed's candidates)")
+        shop = ShopConfig(seed=args.shop_seed, n_users=args.n_users, n_items=args.n_items)
+    except ValueError as exc:
+        print(f"shop: {exc}", file=sys.stderr)
+        return 2
+
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        log.info("signal %d: stopping after this round", signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    deadline = time.monotonic() + args.max_hours * 3600
+    log.info(
+        "shop: %g feeds/s in rounds of %g s against %s, for at most %g h (drift file %s)",
+        args.rate_rps,
+        args.round_s,
+        ", ".join(urls),
+        args.max_hours,
+        drift_file,
+    )
+    rounds = 0
+    while not stopping and time.monotonic() < deadline:
+        try:
+            drift = read_drift(drift_file)
+        except ValueError as exc:
+            log.error("%s: this round runs without drift", exc)
+            drift = None
+        duration = min(args.round_s, max(deadline - time.monotonic(), 0.1))
+        traffic = LiveTraffic(
+            rate_rps=args.rate_rps, duration_s=duration, seed=args.seed + rounds, drift=drift
+        )
+        report = drive(urls, traffic, shop)
+        rounds += 1
+        log.info(
+            "round %d: %d feeds, %d failed, by slot %s, clicks %s, feedback failed %d%s",
+            rounds,
+            report.requests,
+            report.failed,
+            report.by_slot,
+            report.clicks_by_slot,
+            report.feedback_failed,
+            f", drift {drift.kind} x{drift.magnitude:g}" if drift else "",
+        )
+    log.info("shop: stopped after %d rounds", rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The shop as its own process against a real worker: it stops by itself and at SIGTERM, its
+shoppers' impressions and feedback reach ClickHouse through the fleet's log path, and a bad
+drift file is reported without stopping the shop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logstore.feedback import feedback_counts
+from logstore.reading import connect_for_reading
+from serving.process import start_worker
+from tests.integration.test_serving_logging import worker_env
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shop(url: str, home: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "RELAY_HOME": str(home), "RELAY_SERVING_FLEET_URLS": url}
+    return subprocess.Popen(
+        [sys.executable, "-m", "simulation.shop_service", "--round-s", "2", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
+    published_version: Any, settings: Any, tmp_path: Path
+) -> None:
+    env = worker_env(
+        published_version,
+        tmp_path,
+        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
+        RELAY_SERVING_LOG_FLUSH_MS="100",
+    )
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    with start_worker(env, tmp_path / "worker.log") as worker:
+        worker.wait_ready()
+        # 0.0015 h = 5.4 s: three rounds of at most 2 s, then it stops by itself
+        bounded = shop(worker.http_url, tmp_path, "--rate-rps", "40", "--max-hours", "0.0015")
+        out, _ = bounded.communicate(timeout=60)
+        assert bounded.returncode == 0, out
+        assert "round 3:" in out and "stopped after" in out and "round 5:" not in out
+
+        (tmp_path / "shop").mkdir(exist_ok=True)
+        (tmp_path / "shop" / "drift.json").write_text('{"kind": "device_mix", magnitude}')
+        told = shop(worker.http_url, tmp_path, "--rate-rps", "20", "--max-hours", "1")
+        time.sleep(3)
+        told.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        out, _ = told.communicate(timeout=30)
+        assert told.returncode == 0 and time.monotonic() - stopped_at < 10, out
+        assert "is not readable JSON" in out and "this round runs without drift" in out
+        assert "stopping after this round" in out
+        time.sleep(0.5)
+    end = datetime.now(UTC) + timedelta(seconds=1)
+
+    client = connect_for_reading(settings.resolved_clickhouse_dsn, tmp_path / "spool")
+    counts = feedback_counts(client, start, end)
+    assert counts.impressions >= 100 * 20  # ~5 s at 40 feeds/s, 20 candidates each
+    assert counts.clicks > 0 and counts.unmatched == 0
