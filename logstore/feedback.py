@@ -138,8 +138,8 @@ FROM (
                    AS clicked
         FROM impressions AS i
         LEFT JOIN (
-            SELECT request_id, item_id, count() AS events FROM feedback
-            WHERE ts >= {start:DateTime64(3, 'UTC')} GROUP BY request_id, item_id
+            SELECT request_id, item_id, countIf(event IN ('click', 'order')) AS events
+            FROM feedback WHERE ts >= {start:DateTime64(3, 'UTC')} GROUP BY request_id, item_id
         ) AS f ON i.request_id = f.request_id AND i.item_id = f.item_id
         WHERE i.ts >= {start:DateTime64(3, 'UTC')} AND i.ts < {end:DateTime64(3, 'UTC')}
           AND ((i.slot = 'canary' AND i.model_version = {canary:String})

@@ -243,8 +243,8 @@ def perturbed(scores: np.ndarray, ranking: str, rng: np.random.Generator) -> np.
     """The same scores, moved so that the feed they rank is `ranking`'s.
 
     `reversed` gives the best-scored candidate the lowest score and so on (a feed upside down);
-    `shuffled` hands the scores out at random. The set of scores is unchanged, so every
-    score-level SLO and calibration summary of the slot looks as healthy as before.
+    `shuffled` hands the scores out at random. The set of scores is unchanged (so is their
+    distribution), but each item's score no longer matches how likely it is to be clicked.
     """
     if ranking == "model" or len(scores) < 2:
         return scores

@@ -257,7 +257,7 @@ def judge_window(
         confidence_sequence(errors_shift, max(error_tol, 1e-4), rules.alpha),
         None
         if ctr_shift is None
-        else confidence_sequence(ctr_shift, -math.log(rules.ctr_tolerance), rules.alpha),
+        else confidence_sequence(ctr_shift, 1 - rules.ctr_tolerance, rules.alpha),
     )
     lat, err = evidence.latency, evidence.errors
     ratio = math.exp(shift.value)
@@ -318,20 +318,20 @@ def judge_window(
             "baseline_impressions": clicks[1].impressions,
             "canary_ctr": clicks[0].rate,
             "baseline_ctr": clicks[1].rate,
-            "ctr_ratio": math.exp(ctr_shift.value),
-            "ctr_ratio_low": math.exp(max(ctr.low, -700)),
-            "ctr_ratio_high": math.exp(min(ctr.high, 700)),
+            "ctr_ratio": 1 + ctr_shift.value,
+            "ctr_ratio_low": max(1 + ctr.low, 0.0),
+            "ctr_ratio_high": 1 + ctr.high,
             "ctr_tolerance_ratio": rules.ctr_tolerance,
             "ctr_p_always_valid": ctr.p_value,
         }
         clicks_text = (
             f"click-through canary {clicks[0].rate:.2%} vs baseline {clicks[1].rate:.2%} "
-            f"(x{math.exp(ctr_shift.value):.2f}; always-valid {pct} interval "
-            f"x{math.exp(max(ctr.low, -700)):.2f}-x{math.exp(min(ctr.high, 700)):.2f}, "
+            f"(x{1 + ctr_shift.value:.2f}; always-valid {pct} interval "
+            f"x{max(1 + ctr.low, 0.0):.2f}-x{1 + ctr.high:.2f}, "
             f"p={ctr.p_value:.3g}; {clicks[0].impressions:.0f} vs {clicks[1].impressions:.0f} "
             f"impressions from {clicks[0].users} vs {clicks[1].users} users over the canary so far)"
         )
-        if ctr.high < 0 and ctr_shift.value < math.log(rules.ctr_tolerance):
+        if ctr.high < 0 and 1 + ctr_shift.value < rules.ctr_tolerance:
             failures.append(
                 f"fewer clicks than baseline: {clicks_text}, beyond the "
                 f"-{rules.ctr_tolerance_pct:g} % click-through tolerance"
@@ -437,9 +437,8 @@ def read_step_figures(
     )
 
 
-def canary_started_at(settings: Settings, release: Release) -> datetime | None:
+def canary_started_at(client: Any, release: Release) -> datetime | None:
     """When this release's canary first took users (its first weight above 0), if it has."""
-    client = logstore.connect(settings.resolved_clickhouse_dsn)
     for event in events_of_release(client, release.release_id):
         if event.kind == "weight" and event.verdict == "passed" and event.details.get("weight"):
             return event.ts if event.ts.tzinfo else event.ts.replace(tzinfo=UTC)
@@ -571,17 +570,14 @@ def analyse_canary_step(
         time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
         return start, end
 
-    canary_start = canary_started_at(settings, release)
+    canary_start: list[datetime] = []  # found once, at the first look whose query succeeds
 
     def read_figures(step_start: datetime, start: datetime, end: datetime) -> StepFigures:
+        client = reader(settings)
+        if not canary_start:  # a failed lookup is a failed log query, counted like the others
+            canary_start.append(canary_started_at(client, release) or step_start)
         return read_step_figures(
-            reader(settings),
-            step_start,
-            start,
-            end,
-            release.version,
-            baseline_version,
-            canary_start or step_start,
+            client, step_start, start, end, release.version, baseline_version, canary_start[0]
         )
 
     def on_look(window: int, gate: GateResult) -> None:  # visible while the step still runs

@@ -112,26 +112,34 @@ def error_rate(c: CohortSums) -> Estimate:
     return Estimate(e / n, max(_two_way(per_user, per_second, per_request), floor))
 
 
-def log_click_through(c: ClickSums) -> Estimate:
-    """log of the share of impressions clicked, with its per-user clustered variance.
+def click_through(c: ClickSums) -> Estimate:
+    """The share of impressions clicked, with its per-user clustered variance.
 
     Clicks are counted per impression but a user's impressions are correlated, so the variance
     is the delta method over users (requests nest within users), floored at the binomial
-    variance; on the log scale Var(log r) = Var(r) / r². Half a click is added to each count
-    (a continuity correction), so a cohort without clicks yet has a finite estimate.
+    variance of a rate with half a click added (so a cohort without clicks is not certain).
     """
     if c.impressions <= 0:
         return Estimate(math.nan, math.inf)
     n, k = c.impressions, c.clicked
-    rate = (k + 0.5) / (n + 1)
+    adjusted = (k + 0.5) / (n + 1)
     per_user = _ratio_variance(c.users, k, n, c.kk, c.nn, c.nk)
-    binomial = rate * (1 - rate) / n
-    return Estimate(math.log(rate), max(per_user, binomial) / (rate * rate))
+    return Estimate(k / n, max(per_user, adjusted * (1 - adjusted) / n))
 
 
 def click_through_shift(c: ClickSums, b: ClickSums) -> Estimate:
-    """log(canary CTR / baseline CTR); the cohorts' users are disjoint, so variances add."""
-    return difference(log_click_through(c), log_click_through(b))
+    """canary CTR / baseline CTR - 1, by the delta method: Var ≈ (V_c + R² V_b) / r_b².
+
+    On the ratio's own scale, not the log's: a canary whose clicks fall to none has a ratio of
+    0 with a small variance, and fails, where log(0) would have an infinite one. Users who moved
+    from baseline to canary when the weight rose count in both cohorts; the positive covariance
+    that adds is ignored, which only widens the interval.
+    """
+    rc, rb = click_through(c), click_through(b)
+    if not rb.value > 0:
+        return Estimate(math.nan, math.inf)
+    ratio = rc.value / rb.value
+    return Estimate(ratio - 1, (rc.variance + ratio * ratio * rb.variance) / (rb.value**2))
 
 
 def difference(a: Estimate, b: Estimate) -> Estimate:

@@ -22,8 +22,13 @@ case "${1:-}" in
     kill -0 "$(cat "$pidfile")" 2>/dev/null || { echo "shop exited:" >&2; tail -20 "$home/shop/shop.log" >&2; exit 1; }
     echo "shop up: ${RELAY_SHOP_RPS:-20} feeds/s against $RELAY_SERVING_FLEET_URLS (log: $home/shop/shop.log)" ;;
   stop)
+    # SIGTERM: the shop ends its round (at most --round-s plus a request's timeout), then exits
     if [[ -f "$pidfile" ]]; then
-      kill "$(cat "$pidfile")" 2>/dev/null || true; rm -f "$pidfile"; echo "shop stopped"
+      pid="$(cat "$pidfile")"
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -9 "$pid" 2>/dev/null && echo "shop did not stop within 30 s: killed" >&2
+      rm -f "$pidfile"; echo "shop stopped"
     fi ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac

@@ -213,11 +213,13 @@ def test_planted_drift_is_detected_and_its_event_starts_a_release_through_the_tr
     (stack.home / "shop").mkdir(exist_ok=True)
     (stack.home / "shop" / "drift.json").write_text('{"kind": "device_mix", "magnitude": 0.5}')
     stack.start_shop(rate_rps=40, shop=SHOP)
-    time.sleep(12)
-    log = stack.stop_shop()
+    try:  # the shop keeps serving while drift-watch runs: its window is always drifted traffic
+        time.sleep(12)
+        run_id = stack.run_deployment(DRIFT, {"window_minutes": 0.5})
+        run = stack.wait_for_run(run_id, timeout_s=240)
+    finally:
+        log = stack.stop_shop()
     assert "round 1:" in log and "drift device_mix x0.5" in log, log[-3000:]
-    run_id = stack.run_deployment(DRIFT, {"window_minutes": 0.5})
-    run = stack.wait_for_run(run_id, timeout_s=240)
     assert run["state_type"] == "COMPLETED", run["state"]["message"]
     report = stack.artifacts(run_id)["drift-watch"]["data"]
     assert "device_type" in report and "failed" in report, report

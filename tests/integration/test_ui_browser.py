@@ -32,7 +32,6 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page, Response, Route, expect, sync_playwright
 
 from relay_testing.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
-from simulation.drift import Drift
 from simulation.shop import ShopConfig
 from simulation.traffic import LiveTraffic, drive
 from tasks.canary import CanaryDecision, PlanDecision
@@ -424,16 +423,18 @@ def test_on_call_quick_runs_the_rollback_deployment_and_champion_moves_back(stac
 def test_on_call_finds_the_release_that_planted_drift_started_on_the_deployment_page(
     stack, page, versions
 ):
-    # Shoppers whose devices moved to one kind; drift-watch (run as its schedule would) alerts,
-    # and prefect.yaml's trigger on relay.drift.detected starts retrain-and-release.
+    # The shop process `make up` runs, its drift file planting a device-mix shift; drift-watch
+    # (run as its schedule would) alerts, and prefect.yaml's trigger on relay.drift.detected
+    # starts retrain-and-release.
     before = {r["id"] for r in stack.flow_runs_of(RELEASE)}
-    sent = drive(
-        stack.fleet_urls,
-        LiveTraffic(rate_rps=60, duration_s=8, seed=14, drift=Drift("device_mix", 0.5)),
-        ShopConfig(**SHOP),
-    )
-    assert sent.failed == 0
-    watch = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
+    (stack.home / "shop").mkdir(exist_ok=True)
+    (stack.home / "shop" / "drift.json").write_text('{"kind": "device_mix", "magnitude": 0.5}')
+    stack.start_shop(rate_rps=40, shop=SHOP)
+    try:  # serving while drift-watch runs: its window is always drifted traffic
+        time.sleep(12)
+        watch = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
+    finally:
+        stack.stop_shop()
     assert watch["state_type"] == "COMPLETED", watch["state"]["message"]
 
     def triggered() -> list[dict[str, Any]]:
