@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from logstore.log_tables import FEEDBACK_EVENTS
 from logstore.spool import RequestLogWriter
 from relay.features import CATEGORICAL, DENSE
-from serving.schema import MAX_ID_CHARS, RAW_INDEX, RequestRejected
+from serving.schema import MAX_ID_CHARS, RAW_INDEX, RequestRejected, json_object
 
 _CAT_INDEX = [RAW_INDEX[c.name] for c in CATEGORICAL]
 _DENSE_INDEX = [RAW_INDEX[d.name] for d in DENSE]
@@ -57,12 +56,7 @@ class FeedbackBatch:
 
 def decode_feedback(body: bytes, max_events: int) -> FeedbackBatch:
     """Parse and check a feedback body. Raises RequestRejected naming the field at fault."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise RequestRejected("bad_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise RequestRejected("not_an_object", "body must be a JSON object")
+    doc = json_object(body)
     unknown = sorted(set(doc) - {"request_id", "events"})
     if unknown:
         raise RequestRejected("unknown_field", f"unexpected fields: {', '.join(unknown)}")

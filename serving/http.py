@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from serving.feedback import decode_feedback
 from serving.routing import check_slot
-from serving.schema import RequestRejected, decode_json
+from serving.schema import RequestRejected, decode_json, json_object
 from serving.worker import ADMIN, Exchange, Worker
 
 JSON = "application/json"
@@ -188,7 +188,7 @@ def build_app(worker: Worker) -> ASGIApp:
                     if request.method == "POST":
                         raw = await read_body(request.scope, request.receive, max_body)
                         ex.input_bytes = len(raw)
-                        body = _json_object(raw) if raw.strip() else {}
+                        body = json_object(raw) if raw.strip() else {}
                     ex.version = str(body.get("version", ""))[:200]
                     span.set_attribute("relay.model_version", ex.version)
                     result = await op(body)
@@ -310,13 +310,3 @@ def _authorise(request: Request, token: str) -> None:
 
 def _traced(ex: Exchange) -> dict[str, str]:
     return {"traceparent": ex.traceparent} if ex.traceparent else {}
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RequestRejected("bad_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestRejected("not_an_object", "body must be a JSON object")
-    return body

@@ -152,6 +152,17 @@ class PredictRequest:
         return int(self.raw.shape[0])
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A body that must be one JSON object (admin calls, feedback); RequestRejected otherwise."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestRejected("bad_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestRejected("not_an_object", "body must be a JSON object")
+    return body
+
+
 def decode_json(body: bytes, max_candidates: int) -> PredictRequest:
     """Parse and check a JSON predict body. Raises RequestRejected naming what is wrong."""
     try:

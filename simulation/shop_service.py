@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -73,17 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the rounds
     settings = get_settings()
     urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
-    home = Path(os.environ.get("RELAY_HOME", ".relay"))
-    drift_file = args.drift_file or home / "shop" / "drift.json"
+    drift_file = args.drift_file or settings.home / "shop" / "drift.json"
     try:
         LiveTraffic(rate_rps=args.rate_rps, duration_s=args.round_s)  # checks both bounds
-        if not urls:
-            raise ValueError("RELAY_SERVING_FLEET_URLS names no serving worker")
         if not 0 < args.max_hours <= 24 * 7:
             raise ValueError(f"--max-hours must be in (0, 168], got {args.max_hours}")
         if args.n_users < 1 or args.n_items < 20:
             raise ValueError("--n-users must be >= 1 and --n-items >= 20 (a feed's candidates)")
         shop = ShopConfig(seed=args.shop_seed, n_users=args.n_users, n_items=args.n_items)
+        if not urls:
+            raise ValueError("RELAY_SERVING_FLEET_URLS names no serving worker")
     except ValueError as exc:
         print(f"shop: {exc}", file=sys.stderr)
         return 2

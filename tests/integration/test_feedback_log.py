@@ -14,7 +14,7 @@ import pytest
 from logstore.feedback import feedback_counts, read_labelled_window
 from logstore.reading import connect_for_reading
 from serving.process import WorkerProcess, start_worker
-from tests.integration.test_serving_logging import worker_env
+from tests.integration.test_serving_logging import logging_worker_env, worker_env
 from tests.unit.test_serving_schema import make_doc
 
 
@@ -44,12 +44,7 @@ def test_impressions_and_feedback_are_in_clickhouse_once_across_a_killed_worker(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
     # A long flush interval: at the SIGKILL every row exists only in the write-ahead files.
-    env = worker_env(
-        published_version,
-        tmp_path,
-        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
-        RELAY_SERVING_LOG_FLUSH_MS="60000",
-    )
+    env = logging_worker_env(published_version, settings, tmp_path, flush_ms="60000")
     tag = f"fb-{time.time_ns()}"
     start = datetime.now(UTC) - timedelta(seconds=1)
     first = start_worker(env, tmp_path / "first.log")

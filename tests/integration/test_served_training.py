@@ -18,7 +18,7 @@ from serving.process import start_worker
 from simulation.shop import ShopConfig, generate_events
 from simulation.traffic import LiveTraffic, drive
 from tasks.training import TrainConfig, auc, predict, train_model
-from tests.integration.test_serving_logging import worker_env
+from tests.integration.test_serving_logging import logging_worker_env
 
 REQUESTS = 1_500
 CANDIDATES = 20
@@ -28,12 +28,7 @@ CANDIDATES = 20
 def test_a_model_trained_on_feedback_labelled_events_is_within_002_auc_of_seeded(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
-    env = worker_env(
-        published_version,
-        tmp_path,
-        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
-        RELAY_SERVING_LOG_FLUSH_MS="100",
-    )
+    env = logging_worker_env(published_version, settings, tmp_path, flush_ms="100")
     start = datetime.now(UTC) - timedelta(seconds=1)
     with start_worker(env, tmp_path / "worker.log") as worker:
         worker.wait_ready()

@@ -38,6 +38,18 @@ def worker_env(published_version: Any, home: Path, **extra: str) -> dict[str, st
     }
 
 
+def logging_worker_env(
+    published_version: Any, settings: Any, home: Path, flush_ms: str
+) -> dict[str, str]:
+    """A worker that logs into this session's ClickHouse, flushing its rows every `flush_ms`."""
+    return worker_env(
+        published_version,
+        home,
+        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
+        RELAY_SERVING_LOG_FLUSH_MS=flush_ms,
+    )
+
+
 def requests(n: int, tag: str) -> list[BinaryRequest]:
     out = []
     for i in range(n):
@@ -67,12 +79,7 @@ def test_a_restart_during_traffic_loses_no_log_row(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
     # A long flush interval: at the SIGTERM the rows exist only in the worker's memory.
-    env = worker_env(
-        published_version,
-        tmp_path,
-        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
-        RELAY_SERVING_LOG_FLUSH_MS="60000",
-    )
+    env = logging_worker_env(published_version, settings, tmp_path, flush_ms="60000")
     tag = f"restart-{time.time_ns()}"
     answered: list[str] = []
     first = start_worker(env, tmp_path / "first.log")
@@ -195,12 +202,7 @@ def test_a_worker_killed_under_load_has_a_row_for_every_answered_request(
 def test_a_spool_folder_that_cannot_be_written_takes_the_worker_out_and_keeps_its_rows(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
-    env = worker_env(
-        published_version,
-        tmp_path,
-        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
-        RELAY_SERVING_LOG_FLUSH_MS="100",
-    )
+    env = logging_worker_env(published_version, settings, tmp_path, flush_ms="100")
     worker = start_worker(env, tmp_path / "worker.log")
     spool, aside = tmp_path / "spool", tmp_path / "spool-aside"
     tag = f"unwritable-{time.time_ns()}"

@@ -18,7 +18,7 @@ import pytest
 from logstore.feedback import feedback_counts
 from logstore.reading import connect_for_reading
 from serving.process import start_worker
-from tests.integration.test_serving_logging import worker_env
+from tests.integration.test_serving_logging import logging_worker_env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -39,12 +39,7 @@ def shop(url: str, home: Path, *args: str) -> subprocess.Popen[str]:
 def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
-    env = worker_env(
-        published_version,
-        tmp_path,
-        RELAY_CLICKHOUSE_DSN=settings.resolved_clickhouse_dsn,
-        RELAY_SERVING_LOG_FLUSH_MS="100",
-    )
+    env = logging_worker_env(published_version, settings, tmp_path, flush_ms="100")
     start = datetime.now(UTC) - timedelta(seconds=1)
     with start_worker(env, tmp_path / "worker.log") as worker:
         worker.wait_ready()

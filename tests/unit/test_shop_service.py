@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from relay.settings import get_settings
 from simulation.drift import Drift
 from simulation.shop_service import main, read_drift
 
@@ -52,5 +53,9 @@ def test_out_of_bounds_arguments_stop_the_shop_before_any_traffic(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RELAY_SERVING_FLEET_URLS", "http://127.0.0.1:9")
-    assert main(args) == 2
+    get_settings.cache_clear()  # another test may have read the settings already
+    try:
+        assert main(args) == 2
+    finally:
+        get_settings.cache_clear()
     assert problem in capsys.readouterr().err
