@@ -28,18 +28,19 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-# The local Prefect server and the two-worker serving fleet: what `make demo` runs against.
+# The local Prefect server, the two-worker serving fleet and the shop (shoppers calling the fleet
+# as a real shop's would, at RELAY_SHOP_RPS feeds/s): what `make demo` runs against. Releases,
+# the guard and drift-watch read whatever traffic the fleet gets; no flow drives any.
 stack: install
 	PREFECT_PORT=$(PREFECT_PORT) deployments/local/prefect-server.sh start
 	deployments/local/serving.sh start
+	deployments/local/shop.sh start
 
-# The stack, plus the work pools, every deployment in prefect.yaml (schedules and UI buttons), a
-# worker in the `cpu` pool whose flow runs reach the fleet, and the shop: shoppers calling the
-# fleet as a real shop's would, so the deployments' releases, guard and drift-watch read traffic.
+# The stack, plus the work pools, every deployment in prefect.yaml (schedules and UI buttons) and
+# a worker in the `cpu` pool whose flow runs reach the fleet.
 up: stack
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/deploy.sh
 	RELAY_REPO_DIR=$(CURDIR) deployments/local/prefect-worker.sh start
-	deployments/local/shop.sh start
 
 down:
 	-deployments/local/shop.sh stop
@@ -49,6 +50,9 @@ down:
 
 # The demo runs its flows in this process. It does not start the pool worker: the embedded
 # ClickHouse admits one process at a time, and a scheduled guard run in a worker would contend.
+# Its shop runs at 60 feeds/s (unless RELAY_SHOP_RPS says otherwise), enough for its canary
+# steps of 25 % and 50 % to conclude within their windows; a shop already running keeps its rate.
+demo: export RELAY_SHOP_RPS ?= 60
 demo: stack
 	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m relay_cli demo
 

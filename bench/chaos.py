@@ -180,8 +180,6 @@ def _release_params(seed: int, lease_s: float) -> dict[str, Any]:
         "canary_steps": [STEP],
         "analysis_window_s": max(lease_s, 10.0),
         "max_windows_per_step": 20,
-        "traffic_rps": 60.0,
-        "simulate_traffic": True,
         "approval_timeout_s": 60,
         "impact_report_after": False,
         "tensorrt_wait_s": 0,
@@ -215,8 +213,10 @@ def release_kills(root: Path, kills: int, lease_s: float, events: int) -> dict[s
     rng = random.Random(5)
     kills_out: list[dict[str, Any]] = []
     try:
-        seeding = stack.seed_events(events, END, {"seed": 51, "n_users": 3_000, "n_items": 1_000})
+        world = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
+        seeding = stack.seed_events(events, END, world)
         stack.start(serving_workers=2)
+        stack.start_shop(rate_rps=60.0, shop=world)  # the canaries' traffic, as `make up` runs it
         finish(seeding)
         first = stack.wait_for_run(
             stack.run_deployment(RELEASE, _release_params(1, lease_s)), timeout_s=600

@@ -420,7 +420,7 @@ def live_releases(
     from relay.settings import get_settings
     from relay.types import Release
     from serving.fleet import FleetClient
-    from simulation.traffic import LiveTraffic
+    from simulation.traffic import LiveTraffic, in_background
     from tasks.canary_analysis import analyse_canary_step
 
     settings = get_settings()
@@ -443,12 +443,19 @@ def live_releases(
             outcome, windows, reason = "promoted", 0, ""
             for weight in STEPS:
                 fleet.set_weight(weight)
+                # shoppers call the fleet while the step runs, as the shop process would; the
+                # analysis only reads what the fleet logged (up to its max windows of traffic)
                 traffic = LiveTraffic(
-                    rate_rps=rps, duration_s=WINDOW_S, concurrency=32, seed=i, max_requests=100_000
+                    rate_rps=rps,
+                    duration_s=min(WINDOW_S * rules.max_windows, 3_600),
+                    concurrency=32,
+                    seed=i,
+                    max_requests=1_000_000,
                 )
-                gate = analyse_canary_step.fn(
-                    settings, release, bench.stable, weight, rules, WINDOW_S, traffic
-                )
+                with in_background(bench.urls, traffic):
+                    gate = analyse_canary_step.fn(
+                        settings, release, bench.stable, weight, rules, WINDOW_S
+                    )
                 windows += int(gate.measurements.get("look", 1))
                 reason = gate.reason
                 if gate.verdict is Verdict.failed:

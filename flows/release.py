@@ -11,7 +11,7 @@ guard, which Prefect runs when the run is marked Crashed (tasks/reconcile.py).
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from prefect import flow
@@ -22,7 +22,6 @@ from pydantic import Field
 from flows.impact import impact_report
 from relay.settings import get_settings
 from relay.types import Release, ReleaseOutcome, Verdict
-from simulation.traffic import LiveTraffic
 from tasks.attribution import explain_canary_rejection
 from tasks.calibration import (
     CalibrationThresholds,
@@ -99,15 +98,13 @@ def retrain_and_release(
     error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = RULES.error_tolerance_pt,
     min_requests: Annotated[int, Field(ge=1)] = RULES.min_requests,
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
-    simulate_traffic: bool = True,
-    traffic_rps: Annotated[float, Field(gt=0, le=5000)] = 40.0,
-    simulate_feedback: bool = True,
     tensorrt_wait_s: Annotated[float, Field(ge=0, le=7200)] = 900.0,
     impact_report_after: bool = True,
     impact_min_sessions: Annotated[int, Field(ge=10)] = IMPACT.min_sessions,
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
     settings = get_settings()
+    started = datetime.now(UTC)  # the canary plan's basis is the traffic before this
     window = window_ending(window_end, window_days)
     workdir = run_workdir(settings)
 
@@ -179,24 +176,7 @@ def retrain_and_release(
         min_requests=min_requests,
         max_windows=max_windows_per_step,
     )
-    traffic = (
-        LiveTraffic(
-            rate_rps=traffic_rps,
-            duration_s=analysis_window_s,
-            seed=seed,
-            feedback=simulate_feedback,
-        )
-        if simulate_traffic
-        else None
-    )
-    plan = plan_canary_steps(
-        settings,
-        release,
-        canary_steps,
-        analysis_window_s,
-        rules,
-        traffic_rps if simulate_traffic else None,
-    )
+    plan = plan_canary_steps(settings, release, canary_steps, analysis_window_s, rules, started)
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
         go_answer = ask_a_person(
             PlanDecision,
@@ -221,7 +201,7 @@ def retrain_and_release(
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
                 gate = analyse_canary_step(
-                    settings, release, stable, weight, rules, analysis_window_s, traffic
+                    settings, release, stable, weight, rules, analysis_window_s
                 )
                 if gate.verdict is Verdict.inconclusive:
                     answer = ask_a_person(

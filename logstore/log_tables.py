@@ -5,6 +5,10 @@ where it ranked it) and `feedback` (what users did with an impression, from POST
 through the same write-ahead file → Parquet segment → ingestion path as request rows, each in
 its own subfolder of the spool, so every answered impression and every accepted feedback event
 is in ClickHouse exactly once. `logstore.feedback` joins the two into labelled events.
+
+The shop process (`simulation.shop_service`) writes `user_sessions` (one row per shopper
+session, with its orders and GMV) the same way: it cannot open the embedded ClickHouse either,
+which the log store's owner holds.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from relay.features import CATEGORICAL, DENSE
 class LogTable:
     """A table the durable log path writes: its Arrow schema and what identifies a row.
 
-    Every row starts with `ts` in Unix seconds. `key` names the columns whose values tell one
-    row from every other of the table: a segment whose ingestion may have half-happened is
-    looked for by its first and last row's key. `subdir` is where its files live in the spool
-    folder ("" = the folder itself, where inference_logs has always been). `later` lists the
-    columns added after rows were first written, with the value (ClickHouse's column default)
-    a row or segment from a worker that predates them gets.
+    `time_column` names the row's time (`ts` for the serving tables, `started_at` for sessions):
+    rows carry it as Unix seconds and the table holds it in milliseconds. `key` names the
+    columns whose values tell one row from every other of the table: a segment whose ingestion
+    may have half-happened is looked for by its first and last row's key, within its rows' time.
+    `subdir` is where its files live in the spool folder ("" = the folder itself, where
+    inference_logs has always been). `later` lists the columns added after rows were first
+    written, with the value (ClickHouse's column default) a row or segment from a worker that
+    predates them gets.
     """
 
     name: str
@@ -35,6 +41,7 @@ class LogTable:
     key: tuple[str, ...]
     subdir: str = ""
     later: tuple[tuple[str, Any], ...] = ()
+    time_column: str = "ts"
 
     def complete(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """`row` with the later columns it lacks (it was written before them) at their defaults."""
@@ -99,3 +106,25 @@ FEEDBACK = LogTable(
     subdir="feedback",
 )
 FEEDBACK_COLUMNS: tuple[str, ...] = tuple(FEEDBACK.schema.names)
+
+# One row per shopper session that got an answer, as `simulation.traffic.drive` reports it; the
+# columns and their order are the user_sessions table's (logstore.impact.SESSION_COLUMNS).
+USER_SESSIONS = LogTable(
+    "user_sessions",
+    pa.schema(
+        [
+            ("session_id", pa.string()),
+            ("user_id", pa.uint64()),
+            ("started_at", pa.timestamp("ms", tz="UTC")),
+            ("user_age", pa.float32()),
+            ("device_type", pa.string()),
+            ("session_length_s", pa.float32()),
+            ("orders", pa.uint16()),
+            ("gmv", pa.float64()),
+        ]
+    ),
+    key=("session_id",),
+    subdir="sessions",
+    time_column="started_at",
+)
+USER_SESSION_COLUMNS: tuple[str, ...] = tuple(USER_SESSIONS.schema.names)

@@ -7,18 +7,19 @@ from pathlib import Path
 from clickhouse_connect.driver.client import Client
 
 from logstore.client import connect
-from logstore.log_tables import FEEDBACK, IMPRESSIONS, LogTable
+from logstore.log_tables import FEEDBACK, IMPRESSIONS, USER_SESSIONS, LogTable
 from logstore.spool import INFERENCE_LOGS, ingest_spool
 
-# Every table the serving workers write through the spool.
-LOG_TABLES: tuple[LogTable, ...] = (INFERENCE_LOGS, IMPRESSIONS, FEEDBACK)
+# Every table written through the spool: the serving workers' three and the shop's sessions.
+LOG_TABLES: tuple[LogTable, ...] = (INFERENCE_LOGS, IMPRESSIONS, FEEDBACK, USER_SESSIONS)
 
 
 def connect_for_reading(dsn: str, spool_dir: Path) -> Client:
     """A client whose log tables (LOG_TABLES) hold every row the fleet has logged so far.
 
-    Embedded (chdb): the workers spool their rows and the reader ingests them first. With a
-    ClickHouse server the workers insert directly (draining their own spool), so nothing to do.
+    Embedded (chdb): the workers and the shop spool their rows and the reader ingests them
+    first. With a ClickHouse server they insert directly (draining their own spool), so nothing
+    to do.
     """
     client = connect(dsn)
     if dsn.startswith("chdb://"):

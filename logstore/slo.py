@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -247,6 +247,35 @@ def query_slot_stats(client: Client, start: datetime, end: datetime) -> list[Slo
         )
         for slot, version, requests, p50, p95, p99, error_rate in rows
     ]
+
+
+@dataclass(frozen=True)
+class RequestRate:
+    """How fast the fleet is being asked now: requests over the span they actually cover."""
+
+    requests: int
+    span_s: float  # from the first request in the lookback to its end
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.span_s if self.span_s > 0 else 0.0
+
+
+def query_request_rate(client: Client, start: datetime, end: datetime) -> RequestRate:
+    """Requests (every slot) in [start, end), over the span from the first of them to `end`.
+
+    Traffic that began inside the lookback (a shop started a minute ago) is measured over the
+    minute it has run, not diluted over the whole lookback.
+    """
+    count, first = client.query(
+        "SELECT count(), min(ts) FROM inference_logs "
+        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}",
+        parameters={"start": start, "end": end},
+    ).result_rows[0]
+    if not count:
+        return RequestRate(0, 0.0)
+    first_at = first if first.tzinfo else first.replace(tzinfo=UTC)
+    return RequestRate(int(count), max((end - first_at).total_seconds(), 1.0))
 
 
 def query_cohorts(

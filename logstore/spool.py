@@ -116,7 +116,8 @@ class LogServer(Protocol):
 def rows_to_table(rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOGS) -> pa.Table:
     """Rows as an Arrow table with the table's column types (inference_logs by default).
 
-    Rows that lack the table's later columns (made by code that predates them) get their defaults.
+    The table's time column comes as Unix seconds (time.time()). Rows that lack the table's
+    later columns (made by code that predates them) get their defaults.
     """
     schema = table.schema
     if rows and len(rows[0]) < len(schema):
@@ -124,12 +125,17 @@ def rows_to_table(rows: Sequence[Sequence[Any]], table: LogTable = INFERENCE_LOG
     columns: list[Sequence[Any]] = (
         list(zip(*rows, strict=True)) if rows else [[]] * len(schema.names)
     )
-    ts_ms = [round(t * 1000) for t in columns[0]]
-    arrays = [pa.array(ts_ms, type=pa.int64()).cast(schema.field("ts").type)]
-    arrays += [
-        pa.array(col, type=schema.field(i).type) for i, col in enumerate(columns[1:], start=1)
+    at = schema.get_field_index(table.time_column)
+    arrays = [
+        _time_array(col, schema.field(i).type) if i == at else pa.array(col, schema.field(i).type)
+        for i, col in enumerate(columns)
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _time_array(seconds: Sequence[float], type_: pa.DataType) -> pa.Array:
+    """Unix seconds as the time column's type (milliseconds): rounded, never truncated."""
+    return pa.array([round(t * 1000) for t in seconds], type=pa.int64()).cast(type_)
 
 
 @dataclass(frozen=True)
@@ -327,13 +333,23 @@ class IngestReport:
     recovered: int  # segments a crashed ingester had left half-way, finished now
 
 
+# Segments claimed together are inserted as one block (one INSERT, one MergeTree part), which
+# ClickHouse applies whole or not at all below its max_insert_block_size (1,048,576 rows). A batch
+# stays far below that; a spool of small segments (one per flush, 10 a second per writer at
+# 100 ms) is then ingested at the cost of its rows, not of one INSERT per segment.
+INGEST_BATCH_ROWS = 200_000
+INGEST_BATCH_SEGMENTS = 2_000
+
+
 def ingest_spool(
     client: LogServer, spool_dir: Path, table: LogTable = INFERENCE_LOGS
 ) -> IngestReport:
     """Insert every finished segment into its table, each exactly once, then delete it.
 
     Dead workers' write-ahead files become segments first; a segment whose write-ahead file
-    still exists is left for the next call (its writer has not finished rotating it).
+    still exists is left for the next call (its writer has not finished rotating it). Segments
+    are claimed and inserted in batches, each batch one block: after a crash, each claimed
+    segment is looked for on its own (`_already_inserted`), and a batch's are all there or none.
     """
     if not spool_dir.exists():
         return IngestReport(0, 0, 0)
@@ -350,43 +366,64 @@ def ingest_spool(
             rows += found.num_rows
         leftover.unlink()
         recovered += 1
+    claimed: list[Path] = []
+    parts: list[pa.Table] = []
+    pending = 0  # rows claimed, not yet inserted
+
+    def insert_claimed() -> None:
+        # A failed INSERT leaves the batch's segments claimed: the next call finds each one
+        # among the leftovers above, sees it absent and inserts it.
+        nonlocal segments, rows, pending
+        if claimed:
+            _insert(client, pa.concat_tables(parts), claimed[0], table, len(claimed))
+            for path in claimed:
+                path.unlink()
+            segments, rows, pending = segments + len(claimed), rows + pending, 0
+            claimed.clear()
+            parts.clear()
+
     for segment in sorted(spool_dir.glob(f"*{SEGMENT_SUFFIX}")):
         if segment.name.startswith(".") or _has_wal(spool_dir, segment.stem):
             continue
-        claimed = segment.with_name(segment.name + INGESTING_SUFFIX)
+        claim = segment.with_name(segment.name + INGESTING_SUFFIX)
         try:
-            os.rename(segment, claimed)  # atomic: of two ingesters, one wins each segment
+            os.rename(segment, claim)  # atomic: of two ingesters, one wins each segment
         except FileNotFoundError:
             continue
-        found = read_segment(claimed, table)
-        _insert(client, found, claimed, table)
-        claimed.unlink()
-        segments += 1
-        rows += found.num_rows
+        claimed.append(claim)
+        parts.append(read_segment(claim, table))
+        pending += parts[-1].num_rows
+        if pending >= INGEST_BATCH_ROWS or len(claimed) >= INGEST_BATCH_SEGMENTS:
+            insert_claimed()
+    insert_claimed()
     return IngestReport(segments, rows, recovered)
 
 
-def _insert(client: LogServer, rows: pa.Table, path: Path, table: LogTable) -> None:
-    # One block per segment: ClickHouse applies a block whole or not at all, which is what
-    # lets a crashed ingestion be checked afterwards by looking for the segment's rows.
+def _insert(
+    client: LogServer, rows: pa.Table, path: Path, table: LogTable, segments: int = 1
+) -> None:
+    # One block per INSERT: ClickHouse applies a block whole or not at all, which is what
+    # lets a crashed ingestion be checked afterwards by looking for each segment's rows.
     try:
         client.insert_arrow(table.name, rows)
     except Exception as exc:  # the driver raises several types; all mean "not inserted"
-        raise LogStoreError(f"could not insert spool segment {path}: {exc}") from exc
+        more = f" (and {segments - 1} more segments of its batch)" if segments > 1 else ""
+        raise LogStoreError(f"could not insert spool segment {path}{more}: {exc}") from exc
 
 
 def _already_inserted(client: LogServer, rows: pa.Table, table: LogTable) -> bool:
     if rows.num_rows == 0:
         return True
-    ts = rows.column("ts")
-    # Table and key names are LogTable constants, never input; values are bound parameters.
+    at, time_column = rows.column(table.time_column), table.time_column
+    # Table and column names are LogTable constants, never input; values are bound parameters.
     found = client.query(
         f"SELECT count() FROM {table.name} "
-        "WHERE ts >= {lo:DateTime64(3, 'UTC')} AND ts <= {hi:DateTime64(3, 'UTC')} "
+        f"WHERE {time_column} >= {{lo:DateTime64(3, 'UTC')}} "
+        f"AND {time_column} <= {{hi:DateTime64(3, 'UTC')}} "
         f"AND {table.key_sql()} IN {{ids:Array(String)}}",
         parameters={
-            "lo": pc.min(ts).as_py(),
-            "hi": pc.max(ts).as_py(),
+            "lo": pc.min(at).as_py(),
+            "hi": pc.max(at).as_py(),
             "ids": sorted({table.key_of(rows, 0), table.key_of(rows, rows.num_rows - 1)}),
         },
     ).result_rows[0][0]

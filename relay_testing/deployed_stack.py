@@ -34,6 +34,7 @@ import httpx
 
 from model_store import ModelStore, open_store
 from relay.settings import Settings
+from relay_testing.shop import Shop
 from serving.fleet import FleetClient, WorkerResult
 from serving.process import WorkerProcess, start_worker
 
@@ -135,21 +136,20 @@ class DeployedStack:
         self.serving.append(worker)
         return worker
 
-    def start_shop(self, rate_rps: float, shop: Mapping[str, int]) -> None:
+    def start_shop(self, rate_rps: float, shop: Mapping[str, int], round_s: float = 4.0) -> None:
         """`deployments/local/shop.sh start`, as `make up` runs it, with this shop's world."""
-        args = f"--shop-seed {shop['seed']} --n-users {shop['n_users']} --n-items {shop['n_items']}"
-        self.extra_env.update({"RELAY_SHOP_RPS": f"{rate_rps:g}", "RELAY_SHOP_ARGS": args})
         self.started.append("shop")
-        self._script("shop.sh", "start", timeout_s=30)
+        Shop(self.env).start(rate_rps, shop, round_s)
 
     def stop_shop(self) -> str:
         """Stop the shop (the script waits while it ends its round); its log."""
-        pid = int((self.home / "shop" / "shop.pid").read_text())
-        self._script("shop.sh", "stop", timeout_s=60)
+        log = Shop(self.env).stop()
         if "shop" in self.started:
             self.started.remove("shop")
-        assert _exited(pid), f"shop process {pid} still running after shop.sh stop"
-        return (self.home / "shop" / "shop.log").read_text()
+        return log
+
+    def shop_log(self) -> str:
+        return Shop(self.env).log()
 
     def stop(self) -> None:
         """Everything this stack started, side by side (each waits for its process); never raises."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import secrets
 import signal
 import socket
 import sys
@@ -21,9 +20,9 @@ import uvloop
 from prometheus_client import disable_created_metrics
 from pydantic import ValidationError
 
-import logstore
 from logstore.log_tables import FEEDBACK, IMPRESSIONS, LogTable
-from logstore.spool import INFERENCE_LOGS, RequestLogWriter, SpoolWriter
+from logstore.spool import INFERENCE_LOGS, RequestLogWriter
+from logstore.writers import log_writer_for, writer_prefix
 from model_store import open_store
 from relay.errors import RelayError
 from relay.settings import Settings, get_settings
@@ -41,24 +40,10 @@ log = logging.getLogger("serving")
 def build_log_writer(
     settings: Settings, table: LogTable = INFERENCE_LOGS
 ) -> RequestLogWriter | None:
-    """Where a log table's rows go: a ClickHouse server directly (spool as fallback), else the spool."""
+    """Where a log table's rows go (`logstore.writers`); None with the request log switched off."""
     if not settings.serving_request_log:
         return None
-    dsn = settings.resolved_clickhouse_dsn
-    # chdb allows one process per path and the log store's owner holds it: never open it here.
-    connect = None if dsn.startswith("chdb://") else (lambda: logstore.connect(dsn))
-    spool = SpoolWriter(
-        table.spool_dir(settings.resolved_spool_dir),
-        settings.serving_spool_max_bytes,
-        prefix=f"{socket.gethostname()}-{secrets.token_hex(4)}",
-        table=table,
-    )
-    return RequestLogWriter(
-        spool,
-        connect_server=connect,
-        flush_s=settings.serving_log_flush_ms / 1000,
-        batch_rows=settings.serving_log_batch_rows,
-    )
+    return log_writer_for(settings, table, writer_prefix())
 
 
 def build_feedback_log(settings: Settings) -> FeedbackLog | None:
@@ -68,8 +53,9 @@ def build_feedback_log(settings: Settings) -> FeedbackLog | None:
     if impressions is None or feedback is None:
         return None
     # Feedback ids only need to be unique across workers and restarts, as segment ids are.
-    prefix = f"{socket.gethostname()}-{secrets.token_hex(4)}"
-    return FeedbackLog(impressions, feedback, settings.serving_impression_sample_rate, prefix)
+    return FeedbackLog(
+        impressions, feedback, settings.serving_impression_sample_rate, writer_prefix()
+    )
 
 
 class Shutdown:

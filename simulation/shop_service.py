@@ -7,17 +7,23 @@ Shoppers (`simulation.traffic.drive`, feedback on) call every URL of `RELAY_SERV
 in back-to-back rounds of `--round-s` seconds at `--rate-rps`, and post their clicks and orders
 (the shop's world, `simulation.shop.ShopConfig`, is the seeder's unless told otherwise).
 The fleet logs the requests, impressions and feedback as it would a real shop's, so scheduled
-releases, the release guard and drift-watch on `make up` read traffic nobody drove from inside a
-flow. Bounded: the process stops by itself after `--max-hours`, and at SIGTERM or SIGINT once the
-round in progress ends (at most `--round-s`).
+releases, the release guard, drift-watch and the impact report (`make stack`, and so `make demo`
+and `make up`, start this process) read traffic nobody drove from inside a flow. Bounded: the
+process stops by itself after `--max-hours`, and at SIGTERM or SIGINT once the round in progress
+ends (at most `--round-s`).
 
 Planted drift: at the start of every round the process reads `--drift-file` (default
 `$RELAY_HOME/shop/drift.json`, e.g. `{"kind": "device_mix", "magnitude": 0.5}`; kinds in
 `simulation.drift`). No file means no drift; a file that does not parse or names an unknown kind
 is reported in the log, naming the problem, and the round runs without drift.
 
-Sessions' GMV (`user_sessions`) is not written from here: the embedded ClickHouse admits one
-process, and the release's impact report reads the sessions of the shoppers it drives itself.
+Sessions: after every round its shoppers' sessions (one `user_sessions` row each, with their
+orders and GMV) go through the fleet's durable log path (`logstore.writers`): straight into a
+ClickHouse server, or, with the embedded ClickHouse (which admits one process), a write-ahead
+file and spool segments in the spool's `sessions` folder (`RELAY_SERVING_SPOOL_DIR`, by default
+`$RELAY_HOME/spool`) that readers ingest (`logstore.reading.connect_for_reading`). A shop killed
+mid-round leaves its write-ahead file to the next shop's start, which recovers it: every session
+is in `user_sessions` exactly once, and the release's impact report reads them with the rest.
 """
 
 from __future__ import annotations
@@ -30,8 +36,14 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from relay.settings import get_settings
+import pandas as pd
+
+from logstore.log_tables import USER_SESSION_COLUMNS, USER_SESSIONS
+from logstore.spool import RequestLogWriter
+from logstore.writers import log_writer_for, writer_prefix
+from relay.settings import Settings, get_settings
 from simulation.drift import Drift
 from simulation.shop import ShopConfig
 from simulation.traffic import LiveTraffic, drive
@@ -55,6 +67,30 @@ def read_drift(path: Path) -> Drift | None:
     if not isinstance(magnitude, int | float) or isinstance(magnitude, bool):
         raise ValueError(f"drift file {path}: magnitude must be a number, got {magnitude!r}")
     return Drift(doc["kind"], float(magnitude))  # Drift names a bad kind or magnitude
+
+
+def session_rows(sessions: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """A round's sessions as log rows: USER_SESSIONS' column order, started_at in Unix seconds.
+
+    Plain Python values (`tolist`), as the write-ahead file's JSON records need them.
+    """
+    if sessions.empty:
+        return []
+    values = {c: sessions[c].tolist() for c in USER_SESSION_COLUMNS}
+    started = values[USER_SESSIONS.time_column]
+    values[USER_SESSIONS.time_column] = [t.timestamp() for t in started]
+    return list(zip(*values.values(), strict=True))
+
+
+def open_sessions_log(settings: Settings) -> RequestLogWriter:
+    """The sessions' writer, started: the write-ahead files of a shop that died are recovered.
+
+    Written whatever `serving_request_log` says: that switch is for benchmarking a worker, and
+    the shop's sessions are what the impact report's GMV is made of.
+    """
+    writer = log_writer_for(settings, USER_SESSIONS, writer_prefix("shop"))
+    writer.start()
+    return writer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,30 +140,43 @@ def main(argv: list[str] | None = None) -> int:
         args.max_hours,
         drift_file,
     )
-    rounds = 0
-    while not stopping and time.monotonic() < deadline:
-        try:
-            drift = read_drift(drift_file)
-        except ValueError as exc:
-            log.error("%s: this round runs without drift", exc)
-            drift = None
-        duration = min(args.round_s, max(deadline - time.monotonic(), 0.1))
-        traffic = LiveTraffic(
-            rate_rps=args.rate_rps, duration_s=duration, seed=args.seed + rounds, drift=drift
-        )
-        report = drive(urls, traffic, shop)
-        rounds += 1
-        log.info(
-            "round %d: %d feeds, %d failed, by slot %s, clicks %s, feedback failed %d%s",
-            rounds,
-            report.requests,
-            report.failed,
-            report.by_slot,
-            report.clicks_by_slot,
-            report.feedback_failed,
-            f", drift {drift.kind} x{drift.magnitude:g}" if drift else "",
-        )
-    log.info("shop: stopped after %d rounds", rounds)
+    try:
+        sessions_log = open_sessions_log(settings)
+    except OSError as exc:
+        log.error("shop: cannot write sessions to the log spool: %s", exc)
+        return 1
+    rounds = logged = 0
+    try:
+        while not stopping and time.monotonic() < deadline:
+            try:
+                drift = read_drift(drift_file)
+            except ValueError as exc:
+                log.error("%s: this round runs without drift", exc)
+                drift = None
+            duration = min(args.round_s, max(deadline - time.monotonic(), 0.1))
+            traffic = LiveTraffic(
+                rate_rps=args.rate_rps, duration_s=duration, seed=args.seed + rounds, drift=drift
+            )
+            report = drive(urls, traffic, shop)
+            rows = session_rows(report.sessions)
+            sessions_log.append_group(rows)  # one record: a round's sessions survive together
+            rounds += 1
+            logged += len(rows)
+            log.info(
+                "round %d: %d feeds, %d failed, by slot %s, clicks %s, feedback failed %d, "
+                "%d sessions logged%s",
+                rounds,
+                report.requests,
+                report.failed,
+                report.by_slot,
+                report.clicks_by_slot,
+                report.feedback_failed,
+                len(rows),
+                f", drift {drift.kind} x{drift.magnitude:g}" if drift else "",
+            )
+    finally:
+        sessions_log.close()  # writes every session still buffered
+    log.info("shop: stopped after %d rounds, %d sessions logged", rounds, logged)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Live traffic for the embedded setup: shoppers calling the serving fleet during a canary.
+"""Live traffic for the embedded setup: shoppers calling the serving fleet.
 
 Each simulated session sends a few predict requests (20 candidates from the shop) to the fleet,
 paced to a target rate and bounded in count and time. Each answered feed is clicked (and
@@ -6,8 +6,9 @@ ordered from) by the shop's ground truth at the positions the served scores gave
 (`simulation.shoppers`), and what the shopper did is posted to `/v1/feedback`. An optional
 planted drift (`simulation.drift`) shifts the candidates' features. The latency each shopper experiences is
 measured on the client, and their session's length, orders and GMV are drawn from it by
-`simulation.sessions.session_outcomes`, so GMV responds to real serving latency. In production
-this module is off: the flow reads real traffic.
+`simulation.sessions.session_outcomes`, so GMV responds to real serving latency. No flow calls
+it: the shop process (`simulation.shop_service`) does, as real users would call the fleet, and
+benchmarks and tests that need traffic of their own (`in_background`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -104,9 +106,15 @@ def request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
 
 
 def drive(
-    urls: Sequence[str], traffic: LiveTraffic, shop: ShopConfig | None = None
+    urls: Sequence[str],
+    traffic: LiveTraffic,
+    shop: ShopConfig | None = None,
+    stop: threading.Event | None = None,
 ) -> TrafficReport:
-    """Send paced predict requests round-robin to `urls`; return what happened per session."""
+    """Send paced predict requests round-robin to `urls`; return what happened per session.
+
+    Ends at the traffic's limits, or sooner once `stop` is set.
+    """
     if not urls:
         raise ValueError("no serving worker URLs to drive traffic to")
     n_requests = min(traffic.max_requests, max(1, int(traffic.rate_rps * traffic.duration_s)))
@@ -150,7 +158,7 @@ def drive(
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 return
             sent = time.perf_counter()
             try:
@@ -185,6 +193,21 @@ def drive(
     report.feedback_failed = int(feedback_failed.sum())
     report.sessions = _sessions(bodies, session_of, latencies, traffic)
     return report
+
+
+@contextmanager
+def in_background(
+    urls: Sequence[str], traffic: LiveTraffic, shop: ShopConfig | None = None
+) -> Iterator[None]:
+    """Shoppers calling the fleet from a thread while the block runs (benchmarks); stopped after."""
+    stop = threading.Event()
+    thread = threading.Thread(target=drive, args=(urls, traffic, shop, stop), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _send_feedback(

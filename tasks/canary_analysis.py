@@ -41,7 +41,6 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-import logstore
 from logstore.feedback import ClickSums, query_click_cohorts
 from logstore.reading import connect_for_reading
 from logstore.release_events import events_of_release
@@ -57,7 +56,6 @@ from relay.errors import LogStoreError
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient
-from simulation.traffic import LiveTraffic, drive
 from tasks.canary import record
 from tasks.sequential import (
     METHOD,
@@ -537,14 +535,13 @@ def analyse_canary_step(
     weight: int,
     rules: CanaryRules,
     window_s: float,
-    traffic: LiveTraffic | None,
 ) -> GateResult:
     """Look after every window until the step is conclusive or `rules.max_windows` pass.
 
-    Each window: (embedded) drive simulated shoppers, ingest the workers' logs, judge the step's
-    cumulative evidence; every look is a release event and a row of the step's table artifact.
+    Each window: wait while the fleet serves whatever traffic it gets (the shop's, embedded; real
+    users', in production), ingest the workers' logs, judge the step's cumulative evidence; every
+    look is a release event and a row of the step's table artifact.
     """
-    urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
     tracer = release_tracer(settings)  # each window (and its lease renewals) in the release's trace
 
     def run_window() -> tuple[datetime, datetime]:
@@ -556,16 +553,7 @@ def analyse_canary_step(
                 fleet = renewal.enter_context(FleetClient.from_settings(settings))
                 renewal.enter_context(fleet.renewing(settings.serving_canary_lease_s))
             start = datetime.now(UTC)
-            if traffic is not None:
-                report = drive(urls, traffic)
-                if not report.sessions.empty:
-                    from logstore.impact import insert_user_sessions
-
-                    insert_user_sessions(
-                        logstore.connect(settings.resolved_clickhouse_dsn), report.sessions
-                    )
-            else:
-                time.sleep(window_s)
+            time.sleep(window_s)
             end = datetime.now(UTC)
         time.sleep(2 * settings.serving_log_flush_ms / 1000)  # let workers write the window's rows
         return start, end

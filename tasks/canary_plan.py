@@ -1,7 +1,7 @@
 """The canary plan: before the first step, how many windows each step should need.
 
-From recent stable traffic (its clustered variance of log latency, its P95 and its 5xx rate) and
-the rate the canary will see, the plan finds for each step the fewest windows after which a
+From the champion's recent traffic before the release began (its clustered variance of log
+latency, its P95 and its 5xx rate, in the stable or baseline slot) and the rate the canary will see, the plan finds for each step the fewest windows after which a
 canary equal to its baseline passes (`judge_window`'s rule: latency *and* errors within their
 tolerances) with the target power. Errors often set the length: with no 5xx at all the error
 interval still narrows only as 1/n (its Agresti-Caffo floor), so showing "within +0.5 pt" takes
@@ -21,7 +21,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from logstore.slo import CohortSums, query_cohorts
+from logstore.slo import CohortSums, RequestRate, query_cohorts, query_request_rate
 from relay.settings import Settings
 from relay.types import Release
 from tasks.canary import record
@@ -29,6 +29,9 @@ from tasks.canary_analysis import LOG_STORE_ERRORS, MIN_USERS, CanaryRules, read
 from tasks.sequential import half_width, mean_log_latency
 
 log = logging.getLogger("relay.canary")
+
+# The slots that serve the champion: stable, and during a canary its equal-share baseline.
+BASIS_SLOTS = ("stable", "baseline")
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ def plan_canary(
             window_s,
             "no recent traffic to plan from",
             True,
-            "no recent stable traffic: each step runs until its evidence is conclusive, "
+            "no recent traffic of the champion before this release: each step runs until its "
+            "evidence is conclusive, "
             f"at most {rules.max_windows} windows of {window_s:g} s",
         )
     per_request = mean_log_latency(recent).variance * recent.answered
@@ -127,14 +131,14 @@ def plan_canary(
     summary = f"{', '.join(parts)} - about {_duration(total_s)}"
     if not reachable:
         summary += (
-            f"; at {rate_rps:g} req/s a step marked 'not within' cannot show 'no regression "
+            f"; at {rate_rps:.3g} req/s a step marked 'not within' cannot show 'no regression "
             f"beyond x{math.exp(tolerance_log):.2f}' in latency and +{rules.error_tolerance_pt:g} "
             f"pt in errors with {rules.power:.0%} power before its {rules.max_windows} windows "
             "end, and would pause for a person"
         )
     basis = (
-        f"{recent.answered:.0f} recent stable requests from {recent.users} users, P95 "
-        f"{recent.p95_ms:.1f} ms, 5xx {error_rate:.2%}, at {rate_rps:g} req/s"
+        f"{recent.answered:.0f} recent {recent.slot} requests from {recent.users} users, P95 "
+        f"{recent.p95_ms:.1f} ms, 5xx {error_rate:.2%}, at {rate_rps:.3g} req/s"
     )
     return CanaryPlan(plans, window_s, basis, reachable, summary)
 
@@ -151,24 +155,31 @@ def plan_canary_steps(
     steps: list[int],
     window_s: float,
     rules: CanaryRules,
-    traffic_rps: float | None,
+    release_started: datetime | None = None,
     lookback_minutes: float = 60.0,
+    rate_minutes: float = 5.0,
 ) -> CanaryPlan:
-    """Plan the canary from the last hour of stable traffic; a markdown artifact shows it."""
+    """Plan the canary from the last hour of the champion's traffic; a markdown artifact shows it.
+
+    The variance comes from the busiest stable or baseline cohort of the hour before the release
+    began (`release_started`): traffic served while this release trained is left out, since where
+    training shares the fleet's cores (the embedded setup) its latency is not what the canary
+    will see. The rate the canary will see is the fleet's over the last `rate_minutes`, measured
+    over the span that traffic covers.
+    """
     end = datetime.now(UTC)
-    start = end - timedelta(minutes=lookback_minutes)
+    basis_end = min(release_started or end, end)
     try:
-        cohorts = query_cohorts(reader(settings), start, end, ("stable",))
+        client = reader(settings)
+        cohorts = query_cohorts(
+            client, basis_end - timedelta(minutes=lookback_minutes), basis_end, BASIS_SLOTS
+        )
+        current = query_request_rate(client, end - timedelta(minutes=rate_minutes), end)
     except LOG_STORE_ERRORS as exc:  # planning is advice: the gate itself reports a dead store
         log.warning("cannot read recent traffic to plan the canary: %s", exc)
-        cohorts = []
+        cohorts, current = [], RequestRate(0, 0.0)
     recent = max(cohorts, key=lambda c: c.answered) if cohorts else None
-    if traffic_rps is not None:
-        rate = traffic_rps  # the embedded flow drives its own shoppers at this rate
-    elif recent is not None:
-        rate = recent.requests / (lookback_minutes * 60)
-    else:
-        rate = 0.0
+    rate = current.rps
     plan = plan_canary(recent, rate, steps, window_s, rules)
     record(
         settings,

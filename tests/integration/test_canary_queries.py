@@ -23,6 +23,7 @@ from logstore.slo import (
     query_cohorts,
     query_paired_seconds,
     query_rank_test,
+    query_request_rate,
 )
 from relay.types import Verdict
 from tasks.canary_analysis import CanaryRules, StepEvidence, judge_window, read_step_figures
@@ -68,6 +69,20 @@ def seeded(settings):
     for frame in frames.values():
         insert_inference_logs(client, frame)
     return client, frames
+
+
+def test_request_rate_is_measured_over_the_span_the_traffic_covers(seeded):
+    client, frames = seeded
+    total = sum(len(f) for f in frames.values())
+    first = min(f["ts"].min() for f in frames.values())
+    # a five-minute lookback that began long before the traffic: its rate is over the traffic's span
+    end = START + timedelta(minutes=1)
+    rate = query_request_rate(client, end - timedelta(minutes=5), end)
+    assert rate.requests == total
+    assert rate.span_s == pytest.approx((end - first).total_seconds(), abs=0.01)
+    assert rate.rps == pytest.approx(total / 60, rel=0.01)  # not diluted over five minutes
+    quiet = query_request_rate(client, START - timedelta(minutes=5), START)
+    assert quiet.requests == 0 and quiet.rps == 0.0
 
 
 def test_clickhouse_per_user_sums_equal_the_offline_replay(seeded):

@@ -37,6 +37,7 @@ from model_store import open_store
 from relay.errors import ParityFailed
 from relay.settings import get_settings
 from relay.types import Release, Verdict
+from relay_testing.shop import Shop
 from serving.fleet import FleetClient
 from serving.process import WorkerProcess, start_worker
 from simulation.seed import seed_events
@@ -55,7 +56,7 @@ from tasks.impact_storage import list_impact_reports
 from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tasks.training import TrainConfig, predict, train_model
-from tests.integration.release_params import END, SMALL_RELEASE
+from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE
 
 pytestmark = pytest.mark.slow
 
@@ -141,6 +142,19 @@ def fleet(prefect_harness, settings, relay_home, tmp_path_factory):
     get_settings.cache_clear()
 
 
+@pytest.fixture(scope="module")
+def shop(fleet):
+    """The shop process calling the fleet, as `make up` runs it: the canary's only traffic."""
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in fleet.ports)
+    running = Shop({**os.environ, **fleet.env, "RELAY_SERVING_FLEET_URLS": urls})
+    running.start(SHOP_RPS, {"seed": SHOP.seed, "n_users": SHOP.n_users, "n_items": SHOP.n_items})
+    try:
+        yield running
+    finally:
+        if running.running:
+            running.stop()
+
+
 def run_release(seed: int, **overrides):
     state = retrain_and_release(**{**RUN, **overrides}, seed=seed, return_state=True)
     assert state.is_completed(), state.message
@@ -174,13 +188,10 @@ def test_first_release_deploys_as_stable_and_becomes_champion(fleet):
     fleet.versions["v1"] = summary.version
 
 
-def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
-    # two steps; at 25 % the errors' interval needs ~8 of these 8 s windows (the plan says so),
-    # so this run allows 12 looks a step rather than the shared 8
+def test_good_candidate_is_blessed_canaried_and_promoted(fleet, shop):
     summary = run_release(
         seed=2,
-        canary_steps=[25, 50],
-        max_windows_per_step=12,
+        canary_steps=[25, 50],  # two steps
         impact_report_after=True,
         impact_min_sessions=10,
     )
@@ -210,7 +221,7 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet):
     fleet.versions["v2"] = summary.version
 
 
-def test_canary_over_the_absolute_slo_is_rolled_back(fleet):
+def test_canary_over_the_absolute_slo_is_rolled_back(fleet, shop):
     with FleetClient.from_settings(get_settings()) as client:
         client.set_injected_latency("canary", 400.0)
         try:
@@ -228,7 +239,9 @@ def test_canary_over_the_absolute_slo_is_rolled_back(fleet):
     assert events["rolled_back"][0].details["rollback_ms"] == pytest.approx(rollback_ms)
 
 
-def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_relative_rule(fleet):
+def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_relative_rule(
+    fleet, shop
+):
     with FleetClient.from_settings(get_settings()) as client:
         # x3: at light load the +5 ms floor puts the tolerance near x2, so x2 sat on the boundary
         client.set_injected_latency("canary", 0.0, factor=3.0)  # three times as slow, < 300 ms
@@ -247,7 +260,7 @@ def test_canary_slower_than_its_baseline_under_the_slo_is_rolled_back_by_the_rel
     assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
 
 
-def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_through(fleet):
+def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_through(fleet, shop):
     # The canary's feeds are served upside down (its scores reversed at serve time, as a
     # train/serve skew would): as fast as ever, calibrated as before, but shoppers click less.
     with FleetClient.from_settings(get_settings()) as client:
@@ -270,7 +283,7 @@ def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_throug
     assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
 
 
-def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet):
+def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet, shop):
     victim = fleet.workers[1]
 
     def kill_when_canary_takes_traffic() -> None:
@@ -310,9 +323,11 @@ def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet)
     assert fleet.stable() == {fleet.versions["v2"]}
 
 
-def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
+def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet, shop):
     # Two pauses: the plan warns up front that no step can conclude (a person starts it
-    # anyway), then the step ends inconclusive (a person rolls back).
+    # anyway), then the step ends inconclusive (a person rolls back). The shop closes: nobody
+    # calls the fleet, and one 1 s window could not conclude at the rate it had.
+    shop.stop()
     answers = [
         {"decision": "start the canary", "comment": "try it"},
         {"decision": "roll back", "comment": "too quiet to judge"},
@@ -338,9 +353,7 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
 
     resumer = threading.Thread(target=resume_when_paused, daemon=True)
     resumer.start()
-    summary = run_release(
-        seed=5, simulate_traffic=False, analysis_window_s=1.0, max_windows_per_step=1
-    )
+    summary = run_release(seed=5, analysis_window_s=1.0, max_windows_per_step=1)
     resumer.join(timeout=5)
     assert not answers, "the run did not pause twice"
     assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
@@ -358,13 +371,12 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet):
 
 
 def test_a_pause_nobody_answers_takes_its_default_and_the_run_still_completes(fleet):
-    # The plan cannot conclude (1 s windows, no simulated traffic) and nobody answers within
+    # The plan cannot conclude (1 s windows, the shop closed) and nobody answers within
     # the timeout: the release is not deployed, and Prefect shows the run Completed, not
     # Failed "never resumed" (run_release asserts the state).
     started = time.monotonic()
     summary = run_release(
         seed=6,
-        simulate_traffic=False,
         analysis_window_s=1.0,
         max_windows_per_step=1,
         approval_timeout_s=2,

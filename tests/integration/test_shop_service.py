@@ -1,10 +1,12 @@
 """The shop as its own process against a real worker: it stops by itself and at SIGTERM, its
-shoppers' impressions and feedback reach ClickHouse through the fleet's log path, and a bad
-drift file is reported without stopping the shop."""
+shoppers' impressions and feedback reach ClickHouse through the fleet's log path, so does every
+session the shop logged (exactly once), and a bad drift file is reported without stopping the
+shop."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +38,13 @@ def shop(url: str, home: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def sessions_logged(out: str) -> int:
+    """The sessions a shop says it wrote, from its last line."""
+    found = re.search(r"stopped after \d+ rounds, (\d+) sessions logged", out)
+    assert found, out
+    return int(found.group(1))
+
+
 def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
     published_version: Any, settings: Any, tmp_path: Path
 ) -> None:
@@ -48,6 +57,7 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
         out, _ = bounded.communicate(timeout=60)
         assert bounded.returncode == 0, out
         assert "round 3:" in out and "stopped after" in out and "round 5:" not in out
+        logged = sessions_logged(out)
 
         (tmp_path / "shop").mkdir(exist_ok=True)
         (tmp_path / "shop" / "drift.json").write_text('{"kind": "device_mix", magnitude}')
@@ -59,6 +69,7 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
         assert told.returncode == 0 and time.monotonic() - stopped_at < 10, out
         assert "is not readable JSON" in out and "this round runs without drift" in out
         assert "stopping after this round" in out
+        logged += sessions_logged(out)
         time.sleep(0.5)
     end = datetime.now(UTC) + timedelta(seconds=1)
 
@@ -66,3 +77,13 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
     counts = feedback_counts(client, start, end)
     assert counts.impressions >= 100 * 20  # ~5 s at 40 feeds/s, 20 candidates each
     assert counts.clicks > 0 and counts.unmatched == 0
+
+    # The shop's sessions went through the spool (the shop never opens chdb): each once.
+    rows, distinct, bad = client.query(
+        "SELECT count(), uniqExact(session_id), countIf(isNaN(gmv) OR gmv < 0) "
+        "FROM user_sessions WHERE startsWith(session_id, 'live-') "
+        "AND started_at BETWEEN {start:DateTime64(3, 'UTC')} AND {end:DateTime64(3, 'UTC')}",
+        parameters={"start": start, "end": end},
+    ).result_rows[0]
+    assert rows == distinct == logged > 0 and bad == 0
+    assert not list((tmp_path / "spool" / "sessions").glob("*.wal*"))

@@ -32,8 +32,6 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page, Response, Route, expect, sync_playwright
 
 from relay_testing.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
-from simulation.shop import ShopConfig
-from simulation.traffic import LiveTraffic, drive
 from tasks.canary import CanaryDecision, PlanDecision
 from tests.integration.release_params import SMALL_RELEASE
 
@@ -53,11 +51,10 @@ RELEASE = "retrain-and-release/retrain-and-release"
 ROLLBACK = "rollback/rollback"
 DRIFT = "drift-watch/drift-watch"
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}  # data a small model gets blessed on
-# No traffic of its own and one 1-second window per step: the canary cannot conclude and pauses
-# for a person. The pause waits long enough for a slow page, and ends before a stuck test would.
+# The shop closed and one 1-second window per step: the canary cannot conclude and pauses for a
+# person. The pause waits long enough for a slow page, and ends before a stuck test would.
 PAUSING_RELEASE = {
     **SMALL_RELEASE,
-    "simulate_traffic": False,
     "analysis_window_s": 1.0,
     "max_windows_per_step": 1,
     "approval_timeout_s": 600,
@@ -246,11 +243,16 @@ def answers_received(stack: DeployedStack, flow_run_id: str) -> list[dict[str, A
 
 
 def a_quiet_hour(stack: DeployedStack) -> None:
-    """Some stable traffic for the plan to read: real, but far too little for 1-second windows."""
-    sent = drive(
-        stack.fleet_urls, LiveTraffic(rate_rps=60, duration_s=6, seed=11), ShopConfig(**SHOP)
-    )
-    assert sent.requests - sent.failed >= 250, f"{sent.requests} sent, {sent.failed} failed"
+    """Some stable traffic for the plan to read: the shop open for a few seconds, then closed.
+
+    Real traffic, but far too little for 1-second windows; the canary then gets none.
+    """
+    stack.start_shop(rate_rps=60, shop=SHOP)
+    time.sleep(8)
+    log = stack.stop_shop()
+    rounds = [tuple(map(int, m)) for m in re.findall(r"round \d+: (\d+) feeds, (\d+) failed", log)]
+    answered = sum(feeds - failed for feeds, failed in rounds)
+    assert answered >= 250, log[-3000:]
 
 
 def test_on_call_starts_the_first_release_as_a_custom_run_from_the_ui_and_it_becomes_champion(

@@ -279,7 +279,7 @@ def test_plan_says_how_many_windows_each_step_needs_and_when_it_cannot() -> None
     quiet = plan_canary(recent, 2.0, [5, 25, 50], 20.0, RULES)
     assert not quiet.reachable and "5 %: not within 10 windows" in quiet.summary
     unknown = plan_canary(None, 2.0, [5], 20.0, RULES)
-    assert unknown.reachable and "no recent stable traffic" in unknown.summary
+    assert unknown.reachable and "no recent traffic of the champion" in unknown.summary
     brief = plan_canary(recent, 2.0, [50], 1.0, RULES)  # 1 s windows: seconds, not 0.0 minutes
     assert brief.summary.endswith("about 10 s") or "about 10 s;" in brief.summary
 

@@ -25,7 +25,6 @@ from flows.impact import impact_report
 from flows.release import retrain_and_release
 from flows.rollback import rollback
 from flows.tensorrt import compile_tensorrt_plan
-from simulation.traffic import LiveTraffic
 from tasks.calibration import CalibrationThresholds
 from tasks.canary_analysis import CanaryRules
 from tasks.data import DataLimits
@@ -98,7 +97,6 @@ HOMES: dict[str, dict[str, Any]] = {
 # signature reads the home like the others (then move the entry to HOMES).
 COPIES: dict[str, dict[str, Any]] = {
     "retrain-and-release": {
-        "traffic_rps": LiveTraffic().rate_rps,
         "tensorrt_wait_s": inspect.signature(request_tensorrt_plan.fn).parameters["wait_s"].default,
     },
     "compile-tensorrt": {"workspace_mib": TENSORRT.workspace_mib},
@@ -108,7 +106,6 @@ COPIES: dict[str, dict[str, Any]] = {
 OVERRIDES: dict[str, dict[str, tuple[Any, str]]] = {
     "retrain-and-release": {
         "analysis_window_s": (60.0, "production looks are longer than the demo's 20 s windows"),
-        "simulate_traffic": (False, "production reads real traffic; the demo drives its own"),
     },
     "rollback": {},
     "release-guard": {},

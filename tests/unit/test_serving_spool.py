@@ -150,6 +150,51 @@ def test_a_crash_between_insert_and_delete_does_not_duplicate_rows(
     assert not list(tmp_path.iterdir())
 
 
+class CountingClient:
+    """The real log store, counting INSERTs; `crash_after_insert` dies once the first lands."""
+
+    def __init__(self, client: Any, crash_after_insert: bool = False) -> None:
+        self.client, self.crash, self.inserts = client, crash_after_insert, 0
+
+    def insert_arrow(self, table: str, arrow_table: pa.Table) -> Any:
+        self.client.insert_arrow(table, arrow_table)
+        self.inserts += 1
+        if self.crash:
+            self.crash = False
+            raise KeyboardInterrupt("killed after the INSERT, before any segment was deleted")
+
+    def query(self, query: str, parameters: dict[str, Any] | None = None) -> Any:
+        return self.client.query(query, parameters=parameters)
+
+
+def test_many_small_segments_are_ingested_in_one_insert(tmp_path: Path, clickhouse: Any) -> None:
+    # a worker flushing every 100 ms writes ten segments a second: one INSERT each would make
+    # ingestion slower than the spool fills
+    tag = uuid.uuid4().hex[:12]
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    batch = rows(300, tag)
+    for i in range(0, 300, 3):
+        spool.write(batch[i : i + 3])
+    counting = CountingClient(clickhouse)
+    report = ingest_spool(counting, tmp_path)
+    assert (report.segments, report.rows, counting.inserts) == (100, 300, 1)
+    assert count(clickhouse, tag) == 300 and not list(tmp_path.iterdir())
+
+
+def test_a_crash_after_a_batch_insert_leaves_no_duplicates(tmp_path: Path, clickhouse: Any) -> None:
+    tag = uuid.uuid4().hex[:12]
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    batch = rows(40, tag)
+    for i in range(0, 40, 4):
+        spool.write(batch[i : i + 4])
+    with pytest.raises(KeyboardInterrupt):
+        ingest_spool(CountingClient(clickhouse, crash_after_insert=True), tmp_path)
+    assert len(list(tmp_path.glob(f"*{INGESTING_SUFFIX}"))) == 10  # claimed, inserted, kept
+    report = ingest_spool(clickhouse, tmp_path)  # the next ingester finds each one inserted
+    assert report.recovered == 10 and report.rows == 0
+    assert count(clickhouse, tag) == 40 and not list(tmp_path.iterdir())
+
+
 def test_missing_spool_folder_ingests_nothing(tmp_path: Path, clickhouse: Any) -> None:
     assert ingest_spool(clickhouse, tmp_path / "absent").rows == 0
 
