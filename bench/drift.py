@@ -16,9 +16,9 @@ as drift-watch combines them — side by side on the same windows:
 - `windows_to_detect`: per episode, the first window (1-based) failed; median and max over the
   episodes that detected, and how many did not within the episode.
 
-Two window sizes run: the per-feature statistics look at one impression per session (8 per
-session here), so 2,000 impressions (~250 sessions) get KS / χ² tests and 20,000 (~2,500
-sessions) Wasserstein / Jensen-Shannon distances. Cost: wall seconds of one window's verdict on
+Two window sizes run: the per-feature statistics count a window at its effective size over
+sessions (8 impressions a session here), so 2,000 impressions (~250 effective sessions) get KS /
+χ² / clustered mean tests and 20,000 (~2,500) Wasserstein / Jensen-Shannon distances. Cost: wall seconds of one window's verdict on
 `cost-rows` impressions (each detector alone and together), plus preparing the reference once.
 Writes bench/results/drift.json (or --out).
 """

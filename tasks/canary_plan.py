@@ -26,7 +26,7 @@ from relay.settings import Settings
 from relay.types import Release
 from tasks.canary import record
 from tasks.canary_analysis import LOG_STORE_ERRORS, MIN_USERS, CanaryRules, reader
-from tasks.sequential import half_width, mean_log_latency
+from tasks.sequential import half_width, mean_log_latency_by_user
 
 log = logging.getLogger("relay.canary")
 
@@ -112,7 +112,7 @@ def plan_canary(
             "evidence is conclusive, "
             f"at most {rules.max_windows} windows of {window_s:g} s",
         )
-    per_request = mean_log_latency(recent).variance * recent.answered
+    per_request = mean_log_latency_by_user(recent).variance * recent.answered
     tolerance_log = math.log(rules.latency_tolerance(recent.p95_ms))
     error_rate = recent.errors / recent.requests if recent.requests else 0.0
     plans = []

@@ -11,15 +11,22 @@
    the one before (2.5 σ, rising three times in a row). That is a detector of drift that builds
    up within a window; a window that is shifted all through shows only as a burst at its start
    that then decays, which the rising rule by design does not call.
-2. **Per-feature statistics** over one impression per session (a session's impressions share
-   its user and context, so they are not independent; sessions are), chosen by type and live
-   sample size (sessions) as Evidently does: under `large_sample` (1,000) sessions a two-sample Kolmogorov–Smirnov test for dense features and a
-   χ² test of homogeneity for categorical ones, each at a Bonferroni-corrected level
-   (`alpha` / features tested); from `large_sample` sessions on, effect sizes that do not turn every
-   tiny shift of a large sample into an alarm: the Wasserstein distance in units of the
-   reference's standard deviation for dense features, the Jensen–Shannon distance (base 2) for
-   categorical ones, each against its limit (the JS limit raised to the distance sampling noise
-   alone reaches at that level, `js_noise_floor`, where categories are many).
+2. **Per-feature statistics** over every impression, both samples weighted alike (one
+   impression, one vote), each counted at its effective size N²/Σm² over sessions of m
+   impressions (`effective_size`: a session's impressions share user, device, region and
+   context, and at this size a test stays conservative however alike they are). Chosen by type
+   and effective size as Evidently does: under `large_sample` (1,000) a two-sample
+   Kolmogorov–Smirnov test for dense features (Kolmogorov's distribution at the effective sizes)
+   and a χ² test of homogeneity on counts scaled to the effective sizes for categorical ones
+   (a first-order Rao–Scott correction), plus for each dense feature a z test of its mean with
+   the variance clustered by session (`clustered_mean`); each at a Bonferroni-corrected level
+   (`alpha` / tests). From `large_sample` on, effect sizes that do not turn every tiny shift of a
+   large sample into an alarm: the Wasserstein distance in units of the reference's standard
+   deviation for dense features, the Jensen–Shannon distance (base 2) for categorical ones, each
+   against its limit (the JS limit raised to the distance sampling noise alone reaches at that
+   level, `js_noise_floor`, where categories are many). One impression per session, as a first
+   version drew, weighted the reference by the seeder's sessions and served traffic by its
+   impressions: clean served traffic failed on session depth.
 
 Not tested: ids (user, item, brand: hashed into thousands of buckets, they change by design),
 the clock (hour, weekday: a 15-minute window is one hour of one day, the training window a week)
@@ -32,6 +39,7 @@ statistic over its limit, or −log p over −log α).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,7 +104,11 @@ class Reference:
     history: np.ndarray  # the standardised dense vectors live windows are streamed after
     mean: np.ndarray
     std: np.ndarray
-    per_session: pd.DataFrame  # one impression per session: what the feature statistics use
+    dense: np.ndarray  # every reference impression's 18 dense inputs (pipeline scale)
+    categorical: dict[str, np.ndarray]  # impressions per code of each tested categorical feature
+    n_eff: float  # the impressions' effective sample size, clustered by session
+    dense_mean: np.ndarray  # each dense feature's mean over every impression
+    dense_mean_var: np.ndarray  # its variance, clustered by session
     null_mean: float
     null_std: float
 
@@ -106,15 +118,32 @@ def dense_vectors(frame: pd.DataFrame) -> np.ndarray:
     return to_model_input(frame)[:, N_CATEGORICAL:].astype(np.float64)
 
 
-def one_per_session(frame: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """One impression drawn from each session.
+def effective_size(sessions: pd.Series) -> float:
+    """N² / Σ m_s², for N impressions in sessions of m_s: the sample size the tests count.
 
-    A session's impressions share its user, device, region and context, and mostly its
-    categories: they are not independent draws, and a test that counted them as such would see
-    drift in every window. Sessions are.
+    A session's impressions share its user, device, region and context: they are not
+    independent draws, and a test that counted them as such would see drift in every window.
+    With this size a statistic's variance is bounded as if each session's impressions were
+    perfectly alike (Var F̂(x) ≤ F(1−F)·Σm_s²/N²), so the tests stay conservative whatever the
+    correlation, while the statistic itself still uses every impression.
     """
-    shuffled = frame.sample(frac=1.0, random_state=seed)
-    return shuffled.drop_duplicates("session_id").reset_index(drop=True)
+    counts = sessions.value_counts().to_numpy().astype(np.float64)
+    return float(counts.sum() ** 2 / (counts**2).sum()) if len(counts) else 0.0
+
+
+def clustered_mean(x: np.ndarray, sessions: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Column means of `x` over every row, and their variance clustered by session.
+
+    The sandwich estimator: G/(G-1) · Σ_sessions (Σ_rows in it (x − mean))² / n². Rows of one
+    session may be correlated in any way; sessions are taken as independent.
+    """
+    codes, unique = pd.factorize(sessions)
+    n, g = len(x), len(unique)
+    mean = x.mean(axis=0)
+    residual = np.zeros((g, x.shape[1]))
+    np.add.at(residual, codes, x - mean)
+    var = (residual**2).sum(axis=0) / n**2 * (g / max(g - 1, 1))
+    return mean, var
 
 
 def prepare_reference(frame: pd.DataFrame, rules: DriftRules) -> Reference:
@@ -136,11 +165,16 @@ def prepare_reference(frame: pd.DataFrame, rules: DriftRules) -> Reference:
     a = z[first_half][rng.permutation(int(first_half.sum()))]
     b = z[~first_half][rng.permutation(int((~first_half).sum()))]
     null = _batch_scores(a[-rules.history :], b[:NULL_VECTORS], rules)
+    dense_mean, dense_mean_var = clustered_mean(x, frame["session_id"])
     return Reference(
         history=a[-rules.history :],
         mean=mean,
         std=std,
-        per_session=one_per_session(frame, rules.seed),
+        dense=x,
+        categorical={n: _counts(frame[n], _BUCKETS[n]) for n in CATEGORICAL_FEATURES},
+        n_eff=effective_size(frame["session_id"]),
+        dense_mean=dense_mean,
+        dense_mean_var=dense_mean_var,
         null_mean=float(null.mean()),
         null_std=float(max(null.std(ddof=1), 1e-9)),
     )
@@ -182,32 +216,48 @@ def distance_score(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> Sco
 
 
 def feature_drift(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> list[FeatureDrift]:
-    """Each tested feature's statistic (one impression per session, the sample size being the
-    live sessions), by type and sample size, most severe first."""
-    sample = one_per_session(live, rules.seed)
-    n = len(sample)
+    """Each tested feature's statistic over every impression, by type and effective sample size
+    (sessions, `effective_size`), most severe first."""
+    n = effective_size(live["session_id"])
     tested = len(DENSE_FEATURES) + len(CATEGORICAL_FEATURES)
-    level = rules.alpha / tested
+    tests = tested + (len(DENSE_FEATURES) if n < rules.large_sample else 0)
+    level = rules.alpha / tests
     out: list[FeatureDrift] = []
-    ref_dense, live_dense = dense_vectors(ref.per_session), dense_vectors(sample)
+    live_dense = dense_vectors(live)
+    # the Kolmogorov distribution's argument: D · sqrt(n₁n₂/(n₁+n₂)), at the effective sizes
+    scale = math.sqrt(ref.n_eff * n / (ref.n_eff + n)) if n > 0 else 0.0
+    if n < rules.large_sample:
+        live_mean, live_var = clustered_mean(live_dense, live["session_id"])
+        shift_z = (live_mean - ref.dense_mean) / np.sqrt(
+            np.maximum(live_var + ref.dense_mean_var, 1e-18)
+        )
     for j, name in enumerate(DENSE_FEATURES):
-        a, b = ref_dense[:, j], live_dense[:, j]
+        a, b = ref.dense[:, j], live_dense[:, j]
         if n < rules.large_sample:
-            result = stats.ks_2samp(a, b)
-            p = float(result.pvalue)
-            out.append(_tested(name, "Kolmogorov-Smirnov", float(result.statistic), p, level))
+            d = float(stats.ks_2samp(a, b).statistic)
+            p_ks = float(stats.kstwobign.sf(d * scale))
+            ks = _tested(name, "Kolmogorov-Smirnov", d, p_ks, level)
+            p_shift = float(2 * stats.norm.sf(abs(shift_z[j])))
+            shift = _tested(
+                name, "mean shift (session-clustered z)", float(shift_z[j]), p_shift, level
+            )
+            out.append(max(ks, shift, key=lambda f: f.severity))
         else:
             w = float(stats.wasserstein_distance(a, b)) / float(ref.std[j])
             out.append(_distance(name, "Wasserstein (ref. σ)", w, rules.wasserstein_limit))
     for name in CATEGORICAL_FEATURES:
-        ref_counts, live_counts = _counts(ref.per_session[name], sample[name], _BUCKETS[name])
+        # impressions per code, scaled to the effective sizes (a first-order Rao-Scott
+        # correction at the largest design effect the sessions allow)
+        ref_counts = ref.categorical[name] * (ref.n_eff / ref.categorical[name].sum())
+        live_raw = _counts(live[name], _BUCKETS[name])
+        live_counts = live_raw * (n / live_raw.sum())
         if n < rules.large_sample:
             keep = (ref_counts + live_counts) > 0
             table = np.vstack([ref_counts[keep], live_counts[keep]])
             if table.shape[1] < 2:
                 out.append(_tested(name, "chi-squared", 0.0, 1.0, level))
                 continue
-            chi2, p, _, _ = stats.chi2_contingency(table)
+            chi2, p, _, _ = stats.chi2_contingency(table, correction=False)
             out.append(_tested(name, "chi-squared", float(chi2), float(p), level))
         else:
             js = float(jensenshannon(ref_counts, live_counts, base=2))
@@ -233,14 +283,10 @@ def js_noise_floor(ref_counts: np.ndarray, live_counts: np.ndarray, level: float
     return float(np.sqrt(chi2 * spread / (8 * np.log(2))))
 
 
-def _counts(ref: pd.Series, live: pd.Series, buckets: int) -> tuple[np.ndarray, np.ndarray]:
-    """Counts per code, codes clipped into the model's range as the pipeline clips them."""
-    r = np.clip(ref.to_numpy().astype(np.int64), 0, buckets - 1)
-    v = np.clip(live.to_numpy().astype(np.int64), 0, buckets - 1)
-    return (
-        np.bincount(r, minlength=buckets).astype(np.float64),
-        np.bincount(v, minlength=buckets).astype(np.float64),
-    )
+def _counts(values: pd.Series, buckets: int) -> np.ndarray:
+    """Impressions per code, codes clipped into the model's range as the pipeline clips them."""
+    codes = np.clip(values.to_numpy().astype(np.int64), 0, buckets - 1)
+    return np.bincount(codes, minlength=buckets).astype(np.float64)
 
 
 def _tested(name: str, method: str, statistic: float, p: float, level: float) -> FeatureDrift:
@@ -268,8 +314,9 @@ class DriftReport:
 
 METHOD = (
     "distance-decay score (mean distance to the last 100 dense vectors, batch z vs the "
-    "reference, alarm at 2.5 σ rising three batches in a row) + per feature: KS / χ² (Bonferroni) "
-    "over one impression per session: under 1,000 sessions, Wasserstein (ref. σ) / "
+    "reference, alarm at 2.5 σ rising three batches in a row) + per feature over every impression "
+    "at its session-clustered effective size: KS / χ² and, for dense features, a clustered z test "
+    "of the mean (Bonferroni over all tests) under 1,000 effective sessions, Wasserstein (ref. σ) / "
     "Jensen-Shannon from 1,000"
 )
 

@@ -499,6 +499,41 @@ def test_a_canary_whose_clicks_stop_altogether_fails() -> None:
     assert gate.measurements["ctr_ratio"] == 0.0 and gate.measurements["ctr_ratio_high"] < 0.1
 
 
+def test_load_swings_both_cohorts_share_do_not_lengthen_the_plan_beyond_what_the_judge_needs() -> (
+    None
+):
+    """A busy host slows every request of a second alike. The judge subtracts that shared part
+    (pairing by second), so the plan must not count it: planned on the two-way variance, a step
+    looked several times longer than it is. The plan's count of windows is what the judge needs."""
+    rng = np.random.default_rng(31)
+    load = np.exp(rng.normal(0, 0.6, 600))  # ten minutes of a busy host, second by second
+    rules = CanaryRules(error_tolerance_pt=100.0)  # latency alone sets the length here
+
+    def rows(n: int, offset: int) -> tuple[np.ndarray, ...]:
+        ts = np.sort(rng.uniform(0, 600, n))
+        latency = np.exp(rng.normal(math.log(8), 0.5, n)) * load[ts.astype(int)]
+        return rng.integers(0, 3000, n) + offset, latency, np.full(n, 200), ts
+
+    stable = cohort_sums_of("stable", "v1", *rows(6000, 0))
+    tolerance = math.log(rules.latency_tolerance(stable.p95_ms))
+    two_way = windows_needed(mean_log_latency(stable).variance * 6000, 200, tolerance, rules)
+    plan = plan_canary(stable, 40.0, [50], 10.0, rules)  # 200 requests a window per cohort
+    [step] = plan.steps
+    assert step.windows is not None and (two_way is None or step.windows * 3 <= two_way)
+    n = int(step.windows * step.requests_per_window)
+    passed = 0
+    for trial in range(40):  # an equal canary, sharing the host's swings with its baseline
+        c_rows, b_rows = rows(n, 10_000 * (2 * trial + 1)), rows(n, 10_000 * (2 * trial + 2))
+        figures = StepFigures(
+            cohort_sums_of("canary", "v2", *c_rows),
+            cohort_sums_of("baseline", "v1", *b_rows),
+            paired=paired_seconds_of(c_rows, b_rows),
+        )
+        gate, _ = judge_window(figures, rules, StepEvidence())
+        passed += gate.verdict is Verdict.passed
+    assert passed / 40 >= 0.65  # the plan's target power is 80 %
+
+
 def test_plan_waits_for_the_errors_interval_too_not_just_latency() -> None:
     """With no 5xx at all the errors' interval narrows as 1/n: that, not latency, sets the length."""
     rng = np.random.default_rng(27)

@@ -167,14 +167,20 @@ class CountingClient:
         return self.client.query(query, parameters=parameters)
 
 
+def small_segments(spool_dir: Path, n: int, per_segment: int) -> str:
+    """`n` rows written as segments of `per_segment` rows each; the rows' tag."""
+    tag = uuid.uuid4().hex[:12]
+    spool = SpoolWriter(spool_dir, max_bytes=1 << 30, prefix="w1")
+    batch = rows(n, tag)
+    for i in range(0, n, per_segment):
+        spool.write(batch[i : i + per_segment])
+    return tag
+
+
 def test_many_small_segments_are_ingested_in_one_insert(tmp_path: Path, clickhouse: Any) -> None:
     # a worker flushing every 100 ms writes ten segments a second: one INSERT each would make
     # ingestion slower than the spool fills
-    tag = uuid.uuid4().hex[:12]
-    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
-    batch = rows(300, tag)
-    for i in range(0, 300, 3):
-        spool.write(batch[i : i + 3])
+    tag = small_segments(tmp_path, 300, 3)
     counting = CountingClient(clickhouse)
     report = ingest_spool(counting, tmp_path)
     assert (report.segments, report.rows, counting.inserts) == (100, 300, 1)
@@ -182,11 +188,7 @@ def test_many_small_segments_are_ingested_in_one_insert(tmp_path: Path, clickhou
 
 
 def test_a_crash_after_a_batch_insert_leaves_no_duplicates(tmp_path: Path, clickhouse: Any) -> None:
-    tag = uuid.uuid4().hex[:12]
-    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
-    batch = rows(40, tag)
-    for i in range(0, 40, 4):
-        spool.write(batch[i : i + 4])
+    tag = small_segments(tmp_path, 40, 4)
     with pytest.raises(KeyboardInterrupt):
         ingest_spool(CountingClient(clickhouse, crash_after_insert=True), tmp_path)
     assert len(list(tmp_path.glob(f"*{INGESTING_SUFFIX}"))) == 10  # claimed, inserted, kept
