@@ -51,8 +51,11 @@ down:
 # The demo runs its flows in this process. It does not start the pool worker: the embedded
 # ClickHouse admits one process at a time, and a scheduled guard run in a worker would contend.
 # Its shop runs at 60 feeds/s (unless RELAY_SHOP_RPS says otherwise), enough for its canary
-# steps of 25 % and 50 % to conclude within their windows; a shop already running keeps its rate.
+# steps of 25 % and 50 % to conclude within their windows, and closes after an hour: once the demo
+# ends nothing ingests the embedded spool (under `make up` the scheduled flows do). A shop already
+# running keeps its settings.
 demo: export RELAY_SHOP_RPS ?= 60
+demo: export RELAY_SHOP_ARGS ?= --max-hours 1
 demo: stack
 	RELAY_SERVING_ADMIN_TOKEN="$$(cat $(TOKEN_FILE))" $(BIN)/python -m relay_cli demo
 

@@ -176,7 +176,9 @@ def retrain_and_release(
         min_requests=min_requests,
         max_windows=max_windows_per_step,
     )
-    plan = plan_canary_steps(settings, release, canary_steps, analysis_window_s, rules, started)
+    plan = plan_canary_steps(
+        settings, release, canary_steps, analysis_window_s, rules, started, champion=stable
+    )
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
         go_answer = ask_a_person(
             PlanDecision,

@@ -24,12 +24,14 @@ cannot be written keeps rows in memory and says so (`wal_error`, not-ready).
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -353,6 +355,27 @@ def ingest_spool(
     """
     if not spool_dir.exists():
         return IngestReport(0, 0, 0)
+    with _one_ingester(spool_dir):
+        return _ingest(client, spool_dir, table)
+
+
+@contextmanager
+def _one_ingester(spool_dir: Path) -> Iterator[None]:
+    """Hold the folder's ingestion lock (an flock on the folder itself) while ingesting.
+
+    A live ingester's claimed segments look like a crashed one's leftovers: a second ingester
+    would find them absent and insert them, and the first would insert them again. A second
+    ingester waits instead; the lock dies with its holder, so a crash never leaves it held.
+    """
+    fd = os.open(spool_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _ingest(client: LogServer, spool_dir: Path, table: LogTable) -> IngestReport:
     recover_wals(spool_dir, table)
     segments = rows = recovered = 0
     for leftover in sorted(spool_dir.glob(f"*{INGESTING_SUFFIX}")):

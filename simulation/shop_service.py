@@ -21,9 +21,11 @@ Sessions: after every round its shoppers' sessions (one `user_sessions` row each
 orders and GMV) go through the fleet's durable log path (`logstore.writers`): straight into a
 ClickHouse server, or, with the embedded ClickHouse (which admits one process), a write-ahead
 file and spool segments in the spool's `sessions` folder (`RELAY_SERVING_SPOOL_DIR`, by default
-`$RELAY_HOME/spool`) that readers ingest (`logstore.reading.connect_for_reading`). A shop killed
-mid-round leaves its write-ahead file to the next shop's start, which recovers it: every session
-is in `user_sessions` exactly once, and the release's impact report reads them with the rest.
+`$RELAY_HOME/spool`) that readers ingest (`logstore.reading.connect_for_reading`). Every session
+logged is in `user_sessions` exactly once (a dead shop's write-ahead file is recovered by the next
+start), and the release's impact report reads them with the rest. A round's sessions are logged
+when it ends: SIGTERM lets it end, but a shop killed outright loses its current round's sessions
+(up to `--round-s` of them), while the fleet has already logged their requests.
 """
 
 from __future__ import annotations

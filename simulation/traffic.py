@@ -137,6 +137,7 @@ def drive(
         body["session"]["session_id"] = session_id
 
     latencies = np.full(len(bodies), np.nan)
+    sent_at = np.full(len(bodies), np.nan)  # wall clock (Unix s): a session starts at its first
     slots: list[str | None] = [None] * len(bodies)
     clicks = np.zeros(len(bodies), dtype=np.int64)
     feedback_failed = np.zeros(len(bodies), dtype=bool)
@@ -160,7 +161,7 @@ def drive(
                 time.sleep(wait)
             if time.monotonic() > deadline or (stop is not None and stop.is_set()):
                 return
-            sent = time.perf_counter()
+            sent_at[i], sent = time.time(), time.perf_counter()
             try:
                 response = client.post(f"{urls[i % len(urls)]}/v1/predict", json=bodies[i])
                 if response.status_code == 200:
@@ -183,7 +184,7 @@ def drive(
             for c in clients:
                 c.close()
 
-    sent_mask = np.arange(len(bodies)) < min(next_index, len(bodies))
+    sent_mask = ~np.isnan(sent_at)  # a worker that took an index after the stop sent nothing
     report = TrafficReport(requests=int(sent_mask.sum()))
     report.failed = int((sent_mask & np.isnan(latencies)).sum())
     for slot, clicked in zip(slots, clicks.tolist(), strict=True):
@@ -191,7 +192,7 @@ def drive(
             report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
             report.clicks_by_slot[slot] = report.clicks_by_slot.get(slot, 0) + clicked
     report.feedback_failed = int(feedback_failed.sum())
-    report.sessions = _sessions(bodies, session_of, latencies, traffic)
+    report.sessions = _sessions(bodies, session_of, latencies, sent_at, traffic)
     return report
 
 
@@ -228,9 +229,13 @@ def _send_feedback(
 
 
 def _sessions(
-    bodies: list[dict], session_of: list[str], latencies: np.ndarray, traffic: LiveTraffic
+    bodies: list[dict],
+    session_of: list[str],
+    latencies: np.ndarray,
+    sent_at: np.ndarray,
+    traffic: LiveTraffic,
 ) -> pd.DataFrame:
-    """One user_sessions row per session that got at least one answer."""
+    """One user_sessions row per session that got at least one answer, started at its first."""
     frame = pd.DataFrame(
         {
             "session_id": session_of,
@@ -238,6 +243,7 @@ def _sessions(
             "user_age": [b["user"]["user_age"] for b in bodies],
             "device": [b["context"]["device_type"] for b in bodies],
             "latency_ms": latencies,
+            "sent_at": sent_at,
         }
     ).dropna(subset=["latency_ms"])
     if frame.empty:
@@ -247,6 +253,7 @@ def _sessions(
         user_age=("user_age", "first"),
         device=("device", "first"),
         latency_ms=("latency_ms", "mean"),
+        started_at=("sent_at", "min"),
     )
     rng = np.random.default_rng(traffic.seed)
     outcomes = session_outcomes(
@@ -260,7 +267,7 @@ def _sessions(
         {
             "session_id": per.index.to_numpy(),
             "user_id": per["user_id"].to_numpy().astype(np.uint64),
-            "started_at": pd.Timestamp.now(tz="UTC"),
+            "started_at": pd.to_datetime(per["started_at"].to_numpy(), unit="s", utc=True),
             "user_age": per["user_age"].to_numpy().astype(np.float32),
             "device_type": np.asarray(DEVICES, dtype=object)[per["device"].to_numpy().astype(int)],
             "session_length_s": outcomes.session_length_s.astype(np.float32),

@@ -459,7 +459,7 @@ def _error(reason: str, measured: dict[str, float] | None = None) -> GateResult:
 class StepIO:
     """What a canary step does to the world. The task shell passes real ones; tests pass fakes."""
 
-    run_window: Callable[[], tuple[datetime, datetime]]  # traffic or a wait; the window's bounds
+    run_window: Callable[[], tuple[datetime, datetime]]  # waits out the window; its bounds
     read_figures: Callable[[datetime, datetime, datetime], StepFigures]  # step start, window
     unreachable_workers: Callable[[], list[str]]
     on_look: Callable[[int, GateResult], None] = lambda window, gate: None  # as each look ends

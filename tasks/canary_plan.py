@@ -101,7 +101,7 @@ def plan_canary(
     window_s: float,
     rules: CanaryRules,
 ) -> CanaryPlan:
-    """Windows each step should need, from the variance of recent stable traffic and the rate."""
+    """Windows each step should need, from the per-user variance of recent traffic and the rate."""
     if recent is None or recent.answered < rules.min_requests or recent.users < MIN_USERS:
         return CanaryPlan(
             [StepPlan(w, rate_rps * w / 100 * window_s, None) for w in steps],
@@ -156,13 +156,14 @@ def plan_canary_steps(
     window_s: float,
     rules: CanaryRules,
     release_started: datetime | None = None,
+    champion: str | None = None,
     lookback_minutes: float = 60.0,
     rate_minutes: float = 5.0,
 ) -> CanaryPlan:
     """Plan the canary from the last hour of the champion's traffic; a markdown artifact shows it.
 
-    The variance comes from the busiest stable or baseline cohort of the hour before the release
-    began (`release_started`): traffic served while this release trained is left out, since where
+    The variance comes from the busiest stable or baseline cohort of `champion` (the version the
+    canary is compared with) in the hour before the release began (`release_started`): traffic served while this release trained is left out, since where
     training shares the fleet's cores (the embedded setup) its latency is not what the canary
     will see. The rate the canary will see is the fleet's over the last `rate_minutes`, measured
     over the span that traffic covers.
@@ -178,6 +179,8 @@ def plan_canary_steps(
     except LOG_STORE_ERRORS as exc:  # planning is advice: the gate itself reports a dead store
         log.warning("cannot read recent traffic to plan the canary: %s", exc)
         cohorts, current = [], RequestRate(0, 0.0)
+    if champion is not None:  # a version promoted or rolled back within the hour is not the basis
+        cohorts = [c for c in cohorts if c.model_version == champion]
     recent = max(cohorts, key=lambda c: c.answered) if cohorts else None
     rate = current.rps
     plan = plan_canary(recent, rate, steps, window_s, rules)

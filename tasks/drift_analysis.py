@@ -19,7 +19,8 @@
    Kolmogorov–Smirnov test for dense features (Kolmogorov's distribution at the effective sizes)
    and a χ² test of homogeneity on counts scaled to the effective sizes for categorical ones
    (a first-order Rao–Scott correction), plus for each dense feature a z test of its mean with
-   the variance clustered by session (`clustered_mean`); each at a Bonferroni-corrected level
+   the variance clustered by session (`clustered_mean`, p from Student's t with sessions − 1
+   degrees of freedom); each at a Bonferroni-corrected level
    (`alpha` / tests). From `large_sample` on, effect sizes that do not turn every tiny shift of a
    large sample into an alarm: the Wasserstein distance in units of the reference's standard
    deviation for dense features, the Jensen–Shannon distance (base 2) for categorical ones, each
@@ -99,7 +100,7 @@ class ScoreTrace:
 
 @dataclass
 class Reference:
-    """The training window prepared once: standardisation, history, null, one row per session."""
+    """The training window prepared once: standardisation, history, null, every impression."""
 
     history: np.ndarray  # the standardised dense vectors live windows are streamed after
     mean: np.ndarray
@@ -231,13 +232,16 @@ def feature_drift(ref: Reference, live: pd.DataFrame, rules: DriftRules) -> list
         shift_z = (live_mean - ref.dense_mean) / np.sqrt(
             np.maximum(live_var + ref.dense_mean_var, 1e-18)
         )
+        # a clustered variance from G sessions is itself uncertain: Student's t with G - 1
+        # degrees of freedom, not the normal, or a window of a few sessions alarms by chance
+        df = max(live["session_id"].nunique() - 1, 1)
     for j, name in enumerate(DENSE_FEATURES):
         a, b = ref.dense[:, j], live_dense[:, j]
         if n < rules.large_sample:
             d = float(stats.ks_2samp(a, b).statistic)
             p_ks = float(stats.kstwobign.sf(d * scale))
             ks = _tested(name, "Kolmogorov-Smirnov", d, p_ks, level)
-            p_shift = float(2 * stats.norm.sf(abs(shift_z[j])))
+            p_shift = float(2 * stats.t.sf(abs(shift_z[j]), df))
             shift = _tested(
                 name, "mean shift (session-clustered z)", float(shift_z[j]), p_shift, level
             )

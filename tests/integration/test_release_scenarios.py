@@ -143,16 +143,24 @@ def fleet(prefect_harness, settings, relay_home, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shop(fleet):
+def shop_process(fleet):
     """The shop process calling the fleet, as `make up` runs it: the canary's only traffic."""
     urls = ",".join(f"http://127.0.0.1:{p}" for p in fleet.ports)
-    running = Shop({**os.environ, **fleet.env, "RELAY_SERVING_FLEET_URLS": urls})
-    running.start(SHOP_RPS, {"seed": SHOP.seed, "n_users": SHOP.n_users, "n_items": SHOP.n_items})
+    process = Shop({**os.environ, **fleet.env, "RELAY_SERVING_FLEET_URLS": urls})
     try:
-        yield running
+        yield process
     finally:
-        if running.running:
-            running.stop()
+        if process.running:
+            process.stop()
+
+
+@pytest.fixture
+def shop(shop_process):
+    """The shop, open: started if no test has started it yet or one closed it."""
+    if not shop_process.running:
+        world = {"seed": SHOP.seed, "n_users": SHOP.n_users, "n_items": SHOP.n_items}
+        shop_process.start(SHOP_RPS, world)
+    return shop_process
 
 
 def run_release(seed: int, **overrides):

@@ -87,3 +87,13 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
     ).result_rows[0]
     assert rows == distinct == logged > 0 and bad == 0
     assert not list((tmp_path / "spool" / "sessions").glob("*.wal*"))
+    # a session starts when its first feed is asked for: never after the fleet logged one of its
+    # requests (the impact report joins sessions to the requests that follow their start)
+    late = client.query(
+        "SELECT countIf(s.started_at > r.first) FROM user_sessions AS s INNER JOIN "
+        "(SELECT session_id, min(ts) AS first FROM inference_logs GROUP BY session_id) AS r "
+        "ON r.session_id = s.session_id WHERE startsWith(s.session_id, 'live-') "
+        "AND s.started_at BETWEEN {start:DateTime64(3, 'UTC')} AND {end:DateTime64(3, 'UTC')}",
+        parameters={"start": start, "end": end},
+    ).result_rows[0][0]
+    assert late == 0

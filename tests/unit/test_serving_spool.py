@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -195,6 +196,24 @@ def test_a_crash_after_a_batch_insert_leaves_no_duplicates(tmp_path: Path, click
     report = ingest_spool(clickhouse, tmp_path)  # the next ingester finds each one inserted
     assert report.recovered == 10 and report.rows == 0
     assert count(clickhouse, tag) == 40 and not list(tmp_path.iterdir())
+
+
+def test_two_ingesters_on_one_folder_insert_each_row_once(tmp_path: Path, clickhouse: Any) -> None:
+    # the first holds its claimed batch while its INSERT is slow; the second must not take the
+    # claims for a crashed ingester's leftovers and insert them too
+    tag = small_segments(tmp_path, 60, 3)
+
+    class SlowInsert(CountingClient):
+        def insert_arrow(self, table: str, arrow_table: pa.Table) -> Any:
+            time.sleep(0.5)
+            return super().insert_arrow(table, arrow_table)
+
+    first = threading.Thread(target=ingest_spool, args=(SlowInsert(clickhouse), tmp_path))
+    first.start()
+    time.sleep(0.2)  # the first has claimed every segment and is inserting
+    ingest_spool(clickhouse, tmp_path)
+    first.join()
+    assert count(clickhouse, tag) == 60 and not list(tmp_path.iterdir())
 
 
 def test_missing_spool_folder_ingests_nothing(tmp_path: Path, clickhouse: Any) -> None:
