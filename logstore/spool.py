@@ -172,7 +172,10 @@ class SpoolWriter:
         """Write rows as one segment (temp name, fsync, rename) and return its path."""
         name = f"{segment_id or self.next_id()}{SEGMENT_SUFFIX}"
         final = write_segment(self.dir, name, rows, self.table)
-        self.check_cap()
+        try:  # the segment is written: a failed rescan must not make its rows be written again
+            self.check_cap()
+        except OSError as exc:
+            log.warning("could not rescan spool %s after writing %s: %s", self.dir, name, exc)
         return final
 
     def scan(self) -> SpoolBacklog:
@@ -183,8 +186,11 @@ class SpoolWriter:
                 if entry.name.startswith(".") or not entry.is_file():
                     continue
                 if entry.name.endswith((SEGMENT_SUFFIX, INGESTING_SUFFIX)):
+                    try:
+                        size += entry.stat().st_size
+                    except FileNotFoundError:  # claimed or ingested while we looked: gone
+                        continue
                     count += 1
-                    size += entry.stat().st_size
         return SpoolBacklog(count, size)
 
     def check_cap(self) -> SpoolBacklog:

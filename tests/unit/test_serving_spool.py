@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -214,6 +215,39 @@ def test_two_ingesters_on_one_folder_insert_each_row_once(tmp_path: Path, clickh
     ingest_spool(clickhouse, tmp_path)
     first.join()
     assert count(clickhouse, tag) == 60 and not list(tmp_path.iterdir())
+
+
+def test_a_segment_ingested_while_the_writer_rescans_is_not_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the reader claims (renames) or deletes a segment between the writer's listing and its stat:
+    # the write succeeded, and raising would make the writer write its rows a second time
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    real_scandir = os.scandir
+
+    class Vanished:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self.name = entry.name
+
+        def is_file(self) -> bool:
+            return True
+
+        def stat(self) -> os.stat_result:
+            raise FileNotFoundError(self.name)
+
+    class Listing:
+        def __init__(self, path: Path) -> None:
+            self.inner = real_scandir(path)
+
+        def __enter__(self) -> list[Vanished]:
+            return [Vanished(e) for e in self.inner]
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.close()
+
+    monkeypatch.setattr("logstore.spool.os.scandir", Listing)
+    spool.write(rows(3))  # no FileNotFoundError
+    assert spool.backlog.segments == 0
 
 
 def test_missing_spool_folder_ingests_nothing(tmp_path: Path, clickhouse: Any) -> None:
