@@ -53,8 +53,14 @@ DRIFT = "drift-watch/drift-watch"
 SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}  # data a small model gets blessed on
 # The shop closed and one 1-second window per step: the canary cannot conclude and pauses for a
 # person. The pause waits long enough for a slow page, and ends before a stuck test would.
+# Its releases train on 40,000 events seeded relative to the clock (the form's run needs events
+# up to now), so two seeds' predicted-CTR distributions differ from run to run: KL 0.008-0.055
+# in one CI run against the blessing's 0.05, which failed a release here with "not blessed".
+# This test is about the resume forms, not the blessing (tests/unit/test_calibration.py and the
+# release scenarios hold the KL rule at its default), so these releases allow KL 0.1.
 PAUSING_RELEASE = {
     **SMALL_RELEASE,
+    "max_kl": 0.1,
     "analysis_window_s": 1.0,
     "max_windows_per_step": 1,
     "approval_timeout_s": 600,
