@@ -38,7 +38,7 @@ import pandas as pd
 
 from simulation.drift import DRIFT_KINDS, Drift, apply_drift
 from simulation.shop import ShopConfig, generate_events
-from tasks.drift_analysis import (
+from core.drift.analysis import (
     DriftRules,
     Reference,
     assess_drift,

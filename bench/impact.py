@@ -82,10 +82,10 @@ def time_report(dsn: str, workdir: Path) -> dict[str, float | int]:
     from model_store import open_store
     from relay.settings import Settings
     from tasks.impact import query_impact_sessions
-    from tasks.impact_analysis import analyse_impact
-    from tasks.impact_report import render_html, render_json
-    from tasks.impact_storage import store_report_files
-    from tasks.impact_types import ImpactOptions, ImpactWindow
+    from core.impact.analysis import analyse_impact
+    from core.impact.report import render_html, render_json
+    from core.impact.storage import store_report_files
+    from core.impact.types import ImpactOptions, ImpactWindow
 
     settings = Settings(
         home=workdir, clickhouse_dsn=dsn, model_store_url=f"file://{workdir / 'models'}"

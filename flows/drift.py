@@ -16,7 +16,7 @@ from tasks.drift import (
     read_drift_reference,
     read_live_impressions,
 )
-from tasks.drift_analysis import DriftRules
+from core.drift.analysis import DriftRules
 from tasks.guard import read_champion
 
 RULES = DriftRules()  # drift-watch's defaults live in its own type; the signature reads them

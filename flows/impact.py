@@ -17,7 +17,7 @@ from tasks.impact import (
     resolve_window,
     store_impact_report,
 )
-from tasks.impact_types import ImpactOptions, StoredImpactReport
+from core.impact.types import ImpactOptions, StoredImpactReport
 
 OPTIONS = ImpactOptions()  # the analysis' defaults live in its own type; the signature reads them
 

@@ -49,7 +49,7 @@ from tasks.canary_plan import plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
-from tasks.impact_types import ImpactOptions
+from core.impact.types import ImpactOptions
 from tasks.lineage import compute_lineage
 from tasks.reconcile import take_out_canary_of_dead_release
 from tasks.registry import register_candidate

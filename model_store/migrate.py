@@ -55,8 +55,8 @@ from tasks.calibration import (
     fix_calibration_set,
     save_report,
 )
-from tasks.impact_storage import REPORT_KIND as IMPACT_KIND
-from tasks.impact_types import StoredImpactReport
+from core.impact.storage import REPORT_KIND as IMPACT_KIND
+from core.impact.types import StoredImpactReport
 
 OLD_CALIBRATION_POINTER = "calibration/current.json"
 OLD_IMPACT_PREFIX = "reports/impact/"

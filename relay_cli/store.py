@@ -17,7 +17,7 @@ from model_store import open_store
 from model_store.store import version_at
 from relay.errors import RelayError
 from relay.settings import get_settings
-from tasks.lineage_queries import diff_versions, flatten_sources, show_lineage
+from core.lineage.queries import diff_versions, flatten_sources, show_lineage
 
 
 def _at_time(text: str) -> datetime:

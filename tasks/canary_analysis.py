@@ -4,7 +4,7 @@
 window's, for the record) it returns a typed verdict and the evidence carried to the next look.
 
 - Latency: the ratio of geometric-mean latencies canary/baseline, exp(Δ mean log latency), with
-  an always-valid confidence sequence (`tasks.sequential`). A regression counts only when it is
+  an always-valid confidence sequence (`core.gate.sequential`). A regression counts only when it is
   statistically clear (the interval's low end is above ×1) *and* its estimate exceeds the
   practical tolerance (+`tolerance_pct` % of the baseline's P95 or +`tolerance_ms`, whichever is
   larger, as a ratio). The step passes once the interval's high end is below the tolerance.
@@ -57,7 +57,7 @@ from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient
 from tasks.canary import record
-from tasks.sequential import (
+from core.gate.sequential import (
     METHOD,
     Interval,
     click_through_shift,

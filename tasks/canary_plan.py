@@ -26,7 +26,7 @@ from relay.settings import Settings
 from relay.types import Release
 from tasks.canary import record
 from tasks.canary_analysis import LOG_STORE_ERRORS, MIN_USERS, CanaryRules, reader
-from tasks.sequential import half_width, mean_log_latency_by_user
+from core.gate.sequential import half_width, mean_log_latency_by_user
 
 log = logging.getLogger("relay.canary")
 

@@ -1,6 +1,6 @@
 """drift-watch's I/O: the champion's training window, the live impressions, the verdict's record.
 
-The deciding is in `tasks.drift_analysis`; these tasks read ClickHouse and the model store,
+The deciding is in `core.drift.analysis`; these tasks read ClickHouse and the model store,
 write the verdict (a `release_events` row of kind `drift`, a markdown artifact) and, on a
 failed verdict outside the cool-down, emit `relay.drift.detected`, which the
 `retrain-and-release` deployment's trigger (prefect.yaml) answers with a release.
@@ -27,7 +27,7 @@ from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from tasks.canary import record
 from tasks.data import TrainingWindow
-from tasks.drift_analysis import DriftReport, DriftRules, assess_drift, prepare_reference
+from core.drift.analysis import DriftReport, DriftRules, assess_drift, prepare_reference
 
 DRIFT_EVENT = "relay.drift.detected"
 REFERENCE_ROWS = 100_000  # a sample of the training window: enough sessions for every statistic

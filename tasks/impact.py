@@ -1,10 +1,10 @@
 """The impact stage's task shells: query the window from ClickHouse, analyse, store, publish.
 
 Business impact of latency: what a millisecond costs in GMV, with causal estimates. The pure
-work lives beside this module: the report's types (tasks/impact_types.py), statistics and causal
-estimation (tasks/impact_estimation.py), the report's assembly (tasks/impact_analysis.py), its
-renderings (tasks/impact_report.py) and how it is filed in the model store
-(tasks/impact_storage.py). The shells here do the I/O (ClickHouse, the model store, Prefect
+work lives beside this module: the report's types (core/impact/types.py), statistics and causal
+estimation (core/impact/estimation.py), the report's assembly (core/impact/analysis.py), its
+renderings (core/impact/report.py) and how it is filed in the model store
+(core/impact/storage.py). The shells here do the I/O (ClickHouse, the model store, Prefect
 artifacts, the clock) and call those.
 """
 
@@ -27,11 +27,11 @@ from logstore.reading import connect_for_reading
 from model_store import open_store
 from relay.errors import VersionNotFound
 from relay.settings import Settings
-from tasks.impact_analysis import analyse_impact
-from tasks.impact_estimation import histogram_bin_ms
-from tasks.impact_report import render_html, render_json, render_markdown
-from tasks.impact_storage import REPORT_KIND, store_report_files
-from tasks.impact_types import (
+from core.impact.analysis import analyse_impact
+from core.impact.estimation import histogram_bin_ms
+from core.impact.report import render_html, render_json, render_markdown
+from core.impact.storage import REPORT_KIND, store_report_files
+from core.impact.types import (
     ImpactData,
     ImpactOptions,
     ImpactReport,

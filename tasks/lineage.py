@@ -30,8 +30,8 @@ from relay.types import LineageId
 from tasks.compilation import CompiledEngine
 
 # Comparing two ids is a read-only question (the `relay lineage` commands ask it without Prefect
-# or torch), so it is answered in tasks.lineage_queries; re-exported for this module's callers.
-from tasks.lineage_queries import ATTRIBUTION, LineageDiff, diff_lineage
+# or torch), so it is answered in core.lineage.queries; re-exported for this module's callers.
+from core.lineage.queries import ATTRIBUTION, LineageDiff, diff_lineage
 
 ENV_PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "pandas", "tensorrt")
 

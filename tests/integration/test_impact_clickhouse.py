@@ -33,8 +33,8 @@ from simulation.sessions import (
     simulate_traffic,
 )
 from tasks.impact import query_impact_sessions
-from tasks.impact_analysis import analyse_impact as analyse
-from tasks.impact_types import ImpactFinding, ImpactOptions, ImpactReport, ImpactWindow
+from core.impact.analysis import analyse_impact as analyse
+from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport, ImpactWindow
 
 NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 

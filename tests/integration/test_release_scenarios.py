@@ -52,7 +52,7 @@ from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.data import window_ending
 from tasks.export import export_model
-from tasks.impact_storage import list_impact_reports
+from core.impact.storage import list_impact_reports
 from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tasks.training import TrainConfig, predict, train_model

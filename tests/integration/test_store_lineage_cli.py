@@ -16,7 +16,7 @@ from model_store.local import LocalBackend
 from relay.settings import Settings, get_settings
 from relay.types import LINEAGE_PARTS
 from relay_cli.main import main
-from tasks.lineage_queries import ATTRIBUTION
+from core.lineage.queries import ATTRIBUTION
 from tests.integration.store_testbed import fresh_bucket, lineage_for, publishable, s3_settings
 
 pytest_plugins = ("tests.integration.store_fixtures",)

@@ -21,7 +21,7 @@ from tasks.canary_analysis import (
     run_step,
 )
 from tasks.canary_plan import plan_canary, windows_needed
-from tasks.sequential import (
+from core.gate.sequential import (
     Estimate,
     always_valid_p,
     click_through_shift,

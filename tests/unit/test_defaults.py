@@ -28,9 +28,9 @@ from flows.tensorrt import compile_tensorrt_plan
 from tasks.calibration import CalibrationThresholds
 from tasks.canary_analysis import CanaryRules
 from tasks.data import DataLimits
-from tasks.drift_analysis import DriftRules
+from core.drift.analysis import DriftRules
 from tasks.guard import GuardLimits
-from tasks.impact_types import ImpactOptions
+from core.impact.types import ImpactOptions
 from tasks.tensorrt import TensorRtBuildOptions, request_tensorrt_plan
 from tasks.training import TrainConfig
 

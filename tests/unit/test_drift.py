@@ -15,7 +15,7 @@ from simulation.drift import Drift, apply_drift
 from simulation.shop import ShopConfig, generate_events
 from tasks.data import TrainingWindow, window_ending
 from tasks.drift import alert_decision, report_markdown, sparkline
-from tasks.drift_analysis import DriftRules, Reference, assess_drift, prepare_reference
+from core.drift.analysis import DriftRules, Reference, assess_drift, prepare_reference
 
 T0 = datetime(2026, 11, 8, tzinfo=UTC)
 RULES = DriftRules()

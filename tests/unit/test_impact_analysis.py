@@ -11,8 +11,8 @@ import pytest
 from logstore.impact import JoinCoverage, empty_session_outcomes
 from simulation.sessions import TrafficConfig, simulate_traffic
 from tasks.impact import resolve_window
-from tasks.impact_analysis import analyse_impact, decide_finding
-from tasks.impact_estimation import (
+from core.impact.analysis import analyse_impact, decide_finding
+from core.impact.estimation import (
     bin_by_latency,
     compare_slots,
     correlate,
@@ -21,7 +21,7 @@ from tasks.impact_estimation import (
     prepare_sessions,
     translate_to_business,
 )
-from tasks.impact_types import (
+from core.impact.types import (
     EffectEstimate,
     ImpactData,
     ImpactFinding,

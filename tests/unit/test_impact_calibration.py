@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from simulation.sessions import TrafficConfig, simulate_traffic
-from tasks.impact_estimation import fit_ols, prepare_sessions
+from core.impact.estimation import fit_ols, prepare_sessions
 
 START = datetime(2030, 6, 1, tzinfo=UTC)
 REPLICATES = 80

@@ -19,10 +19,10 @@ from model_store.local import LocalBackend
 from relay.errors import VersionNotFound
 from relay.types import LineageId, VersionManifest
 from simulation.sessions import TrafficConfig
-from tasks.impact_analysis import analyse_impact
-from tasks.impact_report import build_figures, render_html, render_json, render_markdown
-from tasks.impact_storage import list_impact_reports, store_report_files
-from tasks.impact_types import ImpactFinding, ImpactOptions, ImpactReport
+from core.impact.analysis import analyse_impact
+from core.impact.report import build_figures, render_html, render_json, render_markdown
+from core.impact.storage import list_impact_reports, store_report_files
+from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport
 from tests.unit.test_impact_analysis import data_for, session_frame
 
 NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with

@@ -5,7 +5,7 @@ What counts as an edge, and why:
 - Every `import x` and `from x import y` anywhere in a module, function bodies included. A
   deferred import inside a function does not break a circle, it hides one: both circles this
   test was written for (`serving.engine` ↔ `serving.tensorrt_engine`, `tasks.impact` ↔
-  `tasks.impact_report`) were closed by an import inside a function, commented "here: that
+  `core.impact.report`) were closed by an import inside a function, commented "here: that
   module imports this one". Deferring a *third-party* import (torch, tensorrt, matplotlib) to
   keep start-up cheap is fine and unaffected: only project modules are nodes.
 - Not imports under `if TYPE_CHECKING:`: they never run, and are the usual way to name a type
@@ -228,12 +228,12 @@ def test_the_project_has_no_import_cycle() -> None:
 def test_every_project_module_is_walked() -> None:
     modules = find_modules(ROOT, find_packages(ROOT))
     # the modules the two former circles ran through, and the module that broke one of them
-    for name in ("serving.engine", "serving.loading", "tasks.impact", "tasks.impact_report"):
+    for name in ("serving.engine", "serving.loading", "tasks.impact", "core.impact.report"):
         assert name in modules
     edges = {(e.source, e.target) for e in import_edges(modules)}
     assert ("serving.loading", "serving.tensorrt_engine") in edges
     assert ("serving.tensorrt_engine", "serving.engine") in edges
-    assert ("tasks.impact", "tasks.impact_report") in edges
+    assert ("tasks.impact", "core.impact.report") in edges
 
 
 # -- the detector, on synthetic packages ---------------------------------------------------------
@@ -305,7 +305,7 @@ def test_type_checking_imports_and_a_policy_module_above_both_are_not_circles(
 def test_a_module_and_its_helper_importing_each_other_is_a_circle(
     tmp_path: Path, deferred: bool
 ) -> None:
-    # the shape tasks.impact ↔ tasks.impact_report had, with the helper's import deferred or not
+    # the shape tasks.impact ↔ core.impact.report had, with the helper's import deferred or not
     helper_import = (
         "def render():\n    from tk.impact_report import render_html\n"
         if deferred

@@ -8,7 +8,7 @@ import pytest
 
 from relay.types import LINEAGE_PARTS, LineageId, VersionManifest
 from tasks.lineage import ATTRIBUTION
-from tasks.lineage_queries import compare_lineage, flatten_sources, headline, lineage_view
+from core.lineage.queries import compare_lineage, flatten_sources, headline, lineage_view
 
 BASE = LineageId(model="a" * 64, data="b" * 64, env="c" * 64, build="d" * 64)
 SOURCES = {

@@ -25,9 +25,9 @@ from tasks.calibration import (
     current_calibration_set,
     load_report,
 )
-from tasks.impact_storage import REPORT_KIND as IMPACT_KIND
-from tasks.impact_storage import list_impact_reports
-from tasks.impact_types import ImpactFinding, ImpactWindow, StoredImpactReport
+from core.impact.storage import REPORT_KIND as IMPACT_KIND
+from core.impact.storage import list_impact_reports
+from core.impact.types import ImpactFinding, ImpactWindow, StoredImpactReport
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = GpuTarget(name="NVIDIA L4", compute_capability="8.9", tensorrt="10.13.3.9")

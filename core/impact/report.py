@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any
 
-from tasks.impact_types import (
+from core.impact.types import (
     ImpactFinding,
     ImpactReport,
     StoredImpactReport,

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tasks.impact_types import (
+from core.impact.types import (
     CANARY,
     COVARIATES,
     MEDIATOR,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from model_store import ModelStore
 from model_store.attachments import attachment_key
-from tasks.impact_types import ImpactReport, StoredImpactReport
+from core.impact.types import ImpactReport, StoredImpactReport
 
 REPORT_KIND = "impact-report"
 

@@ -1,7 +1,7 @@
 """The impact report's data types: window, options, estimates, the report and its stored record.
 
-Shared by the analyses (tasks/impact_estimation.py, tasks/impact_analysis.py), the renderings
-(tasks/impact_report.py), storage (tasks/impact_storage.py) and the task shells (tasks/impact.py),
+Shared by the analyses (core/impact/estimation.py, core/impact/analysis.py), the renderings
+(core/impact/report.py), storage (core/impact/storage.py) and the task shells (tasks/impact.py),
 so none of those needs another to name what it takes or returns.
 
 Effects are in GMV per session per millisecond of the session's mean request latency.

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from logstore.impact import JoinCoverage
-from tasks.impact_estimation import (
+from core.impact.estimation import (
     PreparedSessions,
     bin_by_latency,
     causal_graph,
@@ -27,7 +27,7 @@ from tasks.impact_estimation import (
     prepare_sessions,
     translate_to_business,
 )
-from tasks.impact_types import (
+from core.impact.types import (
     MEDIATOR,
     OUTCOME,
     TREATMENT,

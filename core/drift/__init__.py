@@ -1,0 +1,1 @@
+"""Drift analysis: live traffic against the champion's training window."""

@@ -1,0 +1,1 @@
+"""The canary gate: sequential tests, window judging, the canary plan."""

@@ -1,0 +1,1 @@
+"""Impact estimation: what latency costs in GMV, and the per-release report."""

@@ -1,0 +1,1 @@
+"""Lineage queries over stored versions."""
