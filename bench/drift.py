@@ -36,8 +36,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulation.drift import DRIFT_KINDS, Drift, apply_drift
-from simulation.shop import ShopConfig, generate_events
 from core.drift.analysis import (
     DriftRules,
     Reference,
@@ -46,6 +44,8 @@ from core.drift.analysis import (
     feature_drift,
     prepare_reference,
 )
+from simulation.drift import DRIFT_KINDS, Drift, apply_drift
+from simulation.shop import ShopConfig, generate_events
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {  # the planted magnitudes: small is within a season's noise, large is an incident

@@ -79,13 +79,13 @@ def run(rows: int, keep: bool) -> dict[str, float | int]:
 def time_report(dsn: str, workdir: Path) -> dict[str, float | int]:
     """Time the report over the seeded day as the flow runs it; print the breakdown."""
     import logstore
-    from model_store import open_store
-    from relay.settings import Settings
-    from tasks.impact import query_impact_sessions
     from core.impact.analysis import analyse_impact
     from core.impact.report import render_html, render_json
     from core.impact.storage import store_report_files
     from core.impact.types import ImpactOptions, ImpactWindow
+    from model_store import open_store
+    from relay.settings import Settings
+    from tasks.impact import query_impact_sessions
 
     settings = Settings(
         home=workdir, clickhouse_dsn=dsn, model_store_url=f"file://{workdir / 'models'}"

@@ -8,6 +8,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from core.drift.analysis import DriftRules
 from relay.settings import get_settings
 from relay.types import GateResult, Verdict
 from tasks.drift import (
@@ -16,7 +17,6 @@ from tasks.drift import (
     read_drift_reference,
     read_live_impressions,
 )
-from core.drift.analysis import DriftRules
 from tasks.guard import read_champion
 
 RULES = DriftRules()  # drift-watch's defaults live in its own type; the signature reads them

@@ -8,6 +8,7 @@ from typing import Annotated
 from prefect import flow
 from pydantic import Field
 
+from core.impact.types import ImpactOptions, StoredImpactReport
 from relay.settings import get_settings
 from tasks.impact import (
     analyse_latency_impact,
@@ -17,7 +18,6 @@ from tasks.impact import (
     resolve_window,
     store_impact_report,
 )
-from core.impact.types import ImpactOptions, StoredImpactReport
 
 OPTIONS = ImpactOptions()  # the analysis' defaults live in its own type; the signature reads them
 

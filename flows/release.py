@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 from pydantic import Field
 
+from core.impact.types import ImpactOptions
 from flows.impact import impact_report
 from relay.settings import get_settings
 from relay.types import Release, ReleaseOutcome, Verdict
@@ -49,7 +50,6 @@ from tasks.canary_plan import plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
-from core.impact.types import ImpactOptions
 from tasks.lineage import compute_lineage
 from tasks.reconcile import take_out_canary_of_dead_release
 from tasks.registry import register_candidate

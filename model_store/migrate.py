@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from core.impact.storage import REPORT_KIND as IMPACT_KIND
+from core.impact.types import StoredImpactReport
 from model_store.attachments import Attachment, attachment_key, attachments_prefix
 from model_store.plans import PLAN_KIND, PlanRecord, save_plan_record
 from model_store.store import ModelStore
@@ -55,8 +57,6 @@ from tasks.calibration import (
     fix_calibration_set,
     save_report,
 )
-from core.impact.storage import REPORT_KIND as IMPACT_KIND
-from core.impact.types import StoredImpactReport
 
 OLD_CALIBRATION_POINTER = "calibration/current.json"
 OLD_IMPACT_PREFIX = "reports/impact/"

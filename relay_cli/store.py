@@ -13,11 +13,11 @@ import json
 import sys
 from datetime import UTC, datetime, timedelta
 
+from core.lineage.queries import diff_versions, flatten_sources, show_lineage
 from model_store import open_store
 from model_store.store import version_at
 from relay.errors import RelayError
 from relay.settings import get_settings
-from core.lineage.queries import diff_versions, flatten_sources, show_lineage
 
 
 def _at_time(text: str) -> datetime:

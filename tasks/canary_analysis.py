@@ -41,6 +41,14 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from core.gate.sequential import (
+    METHOD,
+    Interval,
+    click_through_shift,
+    confidence_sequence,
+    error_shift,
+    latency_shift,
+)
 from logstore.feedback import ClickSums, query_click_cohorts
 from logstore.reading import connect_for_reading
 from logstore.release_events import events_of_release
@@ -57,14 +65,6 @@ from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient
 from tasks.canary import record
-from core.gate.sequential import (
-    METHOD,
-    Interval,
-    click_through_shift,
-    confidence_sequence,
-    error_shift,
-    latency_shift,
-)
 from tasks.tracing import release_tracer, traced
 
 log = logging.getLogger("relay.canary")

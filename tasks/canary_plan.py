@@ -21,12 +21,12 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from core.gate.sequential import half_width, mean_log_latency_by_user
 from logstore.slo import CohortSums, RequestRate, query_cohorts, query_request_rate
 from relay.settings import Settings
 from relay.types import Release
 from tasks.canary import record
 from tasks.canary_analysis import LOG_STORE_ERRORS, MIN_USERS, CanaryRules, reader
-from core.gate.sequential import half_width, mean_log_latency_by_user
 
 log = logging.getLogger("relay.canary")
 

@@ -19,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 import logstore
+from core.drift.analysis import DriftReport, DriftRules, assess_drift, prepare_reference
 from logstore.events import sample_window
 from logstore.feedback import sample_impressions
 from logstore.reading import connect_for_reading
@@ -27,7 +28,6 @@ from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from tasks.canary import record
 from tasks.data import TrainingWindow
-from core.drift.analysis import DriftReport, DriftRules, assess_drift, prepare_reference
 
 DRIFT_EVENT = "relay.drift.detected"
 REFERENCE_ROWS = 100_000  # a sample of the training window: enough sessions for every statistic

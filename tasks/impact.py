@@ -17,16 +17,6 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from logstore.impact import (
-    count_join_coverage,
-    read_latency_histogram,
-    read_latency_profile,
-    read_session_outcomes,
-)
-from logstore.reading import connect_for_reading
-from model_store import open_store
-from relay.errors import VersionNotFound
-from relay.settings import Settings
 from core.impact.analysis import analyse_impact
 from core.impact.estimation import histogram_bin_ms
 from core.impact.report import render_html, render_json, render_markdown
@@ -38,6 +28,16 @@ from core.impact.types import (
     ImpactWindow,
     StoredImpactReport,
 )
+from logstore.impact import (
+    count_join_coverage,
+    read_latency_histogram,
+    read_latency_profile,
+    read_session_outcomes,
+)
+from logstore.reading import connect_for_reading
+from model_store import open_store
+from relay.errors import VersionNotFound
+from relay.settings import Settings
 from tasks.workdir import run_workdir
 
 

@@ -22,16 +22,15 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+# Comparing two ids is a read-only question (the `relay lineage` commands ask it without Prefect
+# or torch), so it is answered in core.lineage.queries; re-exported for this module's callers.
+from core.lineage.queries import ATTRIBUTION, LineageDiff, diff_lineage
 from logstore.events import EVENT_COLUMNS
 from logstore.schema import MIGRATIONS
 from model_store.hashing import sha256_file, sha256_files
 from relay.features import pipeline_source
 from relay.types import LineageId
 from tasks.compilation import CompiledEngine
-
-# Comparing two ids is a read-only question (the `relay lineage` commands ask it without Prefect
-# or torch), so it is answered in core.lineage.queries; re-exported for this module's callers.
-from core.lineage.queries import ATTRIBUTION, LineageDiff, diff_lineage
 
 ENV_PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "pandas", "tensorrt")
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pandas as pd
 
-from logstore.impact import JoinCoverage
 from core.impact.estimation import (
     PreparedSessions,
     bin_by_latency,
@@ -39,6 +38,7 @@ from core.impact.types import (
     ImpactReport,
     Refutation,
 )
+from logstore.impact import JoinCoverage
 
 ASSUMPTIONS: dict[str, list[str]] = {
     "Pearson correlation": [

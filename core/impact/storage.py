@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.impact.types import ImpactReport, StoredImpactReport
 from model_store import ModelStore
 from model_store.attachments import attachment_key
-from core.impact.types import ImpactReport, StoredImpactReport
 
 REPORT_KIND = "impact-report"
 

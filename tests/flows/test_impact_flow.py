@@ -10,12 +10,12 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 import logstore
+from core.impact.storage import list_impact_reports
+from core.impact.types import ImpactFinding
 from flows.impact import impact_report
 from model_store import open_store
 from relay.types import LineageId, VersionManifest
 from simulation.sessions import CANARY, STABLE, SlotTraffic, TrafficConfig, seed_traffic
-from core.impact.storage import list_impact_reports
-from core.impact.types import ImpactFinding
 
 START = datetime(2034, 2, 1, tzinfo=UTC)
 END = START + timedelta(hours=8)

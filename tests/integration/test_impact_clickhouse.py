@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 
 import logstore
+from core.impact.analysis import analyse_impact as analyse
+from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport, ImpactWindow
 from logstore.impact import (
     INFERENCE_LOG_COLUMNS,
     count_join_coverage,
@@ -33,8 +35,6 @@ from simulation.sessions import (
     simulate_traffic,
 )
 from tasks.impact import query_impact_sessions
-from core.impact.analysis import analyse_impact as analyse
-from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport, ImpactWindow
 
 NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 

@@ -29,6 +29,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
 import logstore
+from core.impact.storage import list_impact_reports
 from flows.guard import release_guard
 from flows.release import retrain_and_release
 from flows.rollback import rollback
@@ -52,7 +53,6 @@ from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.data import window_ending
 from tasks.export import export_model
-from core.impact.storage import list_impact_reports
 from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tasks.training import TrainConfig, predict, train_model

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from core.lineage.queries import ATTRIBUTION
 from model_store import ModelStore, open_store
 from model_store.local import LocalBackend
 from relay.settings import Settings, get_settings
 from relay.types import LINEAGE_PARTS
 from relay_cli.main import main
-from core.lineage.queries import ATTRIBUTION
 from tests.integration.store_testbed import fresh_bucket, lineage_for, publishable, s3_settings
 
 pytest_plugins = ("tests.integration.store_fixtures",)

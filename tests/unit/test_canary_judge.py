@@ -8,6 +8,14 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
+from core.gate.sequential import (
+    Estimate,
+    always_valid_p,
+    click_through_shift,
+    confidence_sequence,
+    latency_shift,
+    mean_log_latency,
+)
 from logstore.feedback import ClickSums
 from logstore.slo import CohortSums, cohort_sums_of, paired_seconds_of
 from relay.errors import LogStoreError
@@ -21,14 +29,6 @@ from tasks.canary_analysis import (
     run_step,
 )
 from tasks.canary_plan import plan_canary, windows_needed
-from core.gate.sequential import (
-    Estimate,
-    always_valid_p,
-    click_through_shift,
-    confidence_sequence,
-    latency_shift,
-    mean_log_latency,
-)
 
 RULES = CanaryRules()
 

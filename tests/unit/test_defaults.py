@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from core.drift.analysis import DriftRules
+from core.impact.types import ImpactOptions
 from flows.drift import drift_watch
 from flows.guard import release_guard
 from flows.impact import impact_report
@@ -28,9 +30,7 @@ from flows.tensorrt import compile_tensorrt_plan
 from tasks.calibration import CalibrationThresholds
 from tasks.canary_analysis import CanaryRules
 from tasks.data import DataLimits
-from core.drift.analysis import DriftRules
 from tasks.guard import GuardLimits
-from core.impact.types import ImpactOptions
 from tasks.tensorrt import TensorRtBuildOptions, request_tensorrt_plan
 from tasks.training import TrainConfig
 

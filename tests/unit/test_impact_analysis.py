@@ -8,9 +8,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from logstore.impact import JoinCoverage, empty_session_outcomes
-from simulation.sessions import TrafficConfig, simulate_traffic
-from tasks.impact import resolve_window
 from core.impact.analysis import analyse_impact, decide_finding
 from core.impact.estimation import (
     bin_by_latency,
@@ -29,6 +26,9 @@ from core.impact.types import (
     ImpactWindow,
     Refutation,
 )
+from logstore.impact import JoinCoverage, empty_session_outcomes
+from simulation.sessions import TrafficConfig, simulate_traffic
+from tasks.impact import resolve_window
 
 NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with
 

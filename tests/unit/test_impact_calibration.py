@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from simulation.sessions import TrafficConfig, simulate_traffic
 from core.impact.estimation import fit_ols, prepare_sessions
+from simulation.sessions import TrafficConfig, simulate_traffic
 
 START = datetime(2030, 6, 1, tzinfo=UTC)
 REPLICATES = 80

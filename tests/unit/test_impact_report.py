@@ -13,16 +13,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from core.impact.analysis import analyse_impact
+from core.impact.report import build_figures, render_html, render_json, render_markdown
+from core.impact.storage import list_impact_reports, store_report_files
+from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport
 from logstore.impact import JoinCoverage, empty_session_outcomes
 from model_store import ModelStore
 from model_store.local import LocalBackend
 from relay.errors import VersionNotFound
 from relay.types import LineageId, VersionManifest
 from simulation.sessions import TrafficConfig
-from core.impact.analysis import analyse_impact
-from core.impact.report import build_figures, render_html, render_json, render_markdown
-from core.impact.storage import list_impact_reports, store_report_files
-from core.impact.types import ImpactFinding, ImpactOptions, ImpactReport
 from tests.unit.test_impact_analysis import data_for, session_frame
 
 NOW = datetime(2033, 6, 1, tzinfo=UTC)  # the clock the analyses are stamped with

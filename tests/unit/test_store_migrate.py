@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from core.impact.storage import REPORT_KIND as IMPACT_KIND
+from core.impact.storage import list_impact_reports
+from core.impact.types import ImpactFinding, ImpactWindow, StoredImpactReport
 from model_store import ModelStore
 from model_store.attachments import attachment_key
 from model_store.local import LocalBackend
@@ -25,9 +28,6 @@ from tasks.calibration import (
     current_calibration_set,
     load_report,
 )
-from core.impact.storage import REPORT_KIND as IMPACT_KIND
-from core.impact.storage import list_impact_reports
-from core.impact.types import ImpactFinding, ImpactWindow, StoredImpactReport
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = GpuTarget(name="NVIDIA L4", compute_capability="8.9", tensorrt="10.13.3.9")
