@@ -10,6 +10,7 @@ from clickhouse_connect.driver.client import Client
 
 # What the causal graph of a request's latency is over (tasks.attribution), in this order.
 STAGE_COLUMNS = (
+    "in_flight",
     "rows",
     "input_bytes",
     "batch_size",
@@ -20,13 +21,31 @@ STAGE_COLUMNS = (
     "latency_ms",
 )
 
+# in_flight: how many of the population's requests were in the worker when this one arrived
+# (ts is the arrival; ts + latency the answer). Arrivals count +1 and answers -1 in one stream
+# ordered by time, answers first at a tie; the running sum at an arrival is its in-flight count,
+# itself included. A closed-loop client's window, or an open-loop rate times latency (Little).
 _SAMPLE_SQL = """
-SELECT rows, input_bytes, batch_size, queue_ms, preprocess_ms, compute_ms, postprocess_ms,
-       latency_ms, count() OVER () AS population
-FROM inference_logs
-WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-  AND slot = {slot:String} AND status = 200
-  AND ({version:String} = '' OR model_version = {version:String})
+WITH population AS (
+    SELECT toFloat64(toUnixTimestamp64Micro(ts)) AS arrived_us, rows, input_bytes, batch_size,
+           queue_ms, preprocess_ms, compute_ms, postprocess_ms, latency_ms
+    FROM inference_logs
+    WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
+      AND slot = {slot:String} AND status = 200
+      AND ({version:String} = '' OR model_version = {version:String})
+)
+SELECT toFloat64(in_flight), rows, input_bytes, batch_size, queue_ms, preprocess_ms, compute_ms,
+       postprocess_ms, latency_ms, count() OVER () AS population
+FROM (
+    SELECT *, sum(delta) OVER (ORDER BY t, delta ROWS UNBOUNDED PRECEDING) AS in_flight
+    FROM (
+        SELECT arrived_us AS t, toInt8(1) AS delta, * EXCEPT arrived_us FROM population
+        UNION ALL
+        SELECT arrived_us + latency_ms * 1000 AS t, toInt8(-1) AS delta, * EXCEPT arrived_us
+        FROM population
+    )
+)
+WHERE delta = 1
 ORDER BY rand() LIMIT {limit:UInt32}
 """
 

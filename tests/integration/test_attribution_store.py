@@ -17,7 +17,7 @@ from relay.types import GateResult, Release, Verdict
 from tasks.attribution import AttributionConfig, explain_canary_rejection
 from tasks.canary import record
 
-QUICK = AttributionConfig(resamples=5, budget_s=30.0)
+QUICK = AttributionConfig(budget_s=2.0)
 
 
 def rows(slot: str, version: str, n: int, compute_extra_ms: float, seed: int) -> list[Any]:
@@ -96,3 +96,25 @@ def test_a_verdict_not_about_latency_is_left_as_it_is(settings: Any) -> None:
         thresholds={"max_p95_ms": 300.0},
     )
     assert explain_canary_rejection.fn(settings, release, "v-base", gate, QUICK) == gate
+
+
+def test_sampled_rows_carry_how_many_requests_were_in_flight_at_arrival(settings: Any) -> None:
+    from datetime import UTC, datetime
+
+    from logstore.stage_samples import sample_stage_rows
+
+    client = logstore.connect(settings.resolved_clickhouse_dsn)
+    version = f"inflight-{uuid.uuid4().hex[:8]}"
+    t0 = time.time() - 60
+    timing = [(0.000, 5.0), (0.001, 5.0), (0.002, 1.0), (0.010, 1.0)]  # (arrival s, latency ms)
+    table = []
+    for i, (arrival, latency) in enumerate(timing):
+        (row,) = rows("stable", version, 1, 0.0, 40 + i)
+        table.append((t0 + arrival, *row[1:7], latency, *row[8:]))
+    client.insert_arrow("inference_logs", rows_to_table(table))
+    start, end = datetime.fromtimestamp(t0 - 1, UTC), datetime.fromtimestamp(t0 + 1, UTC)
+    sample = sample_stage_rows(client, start, end, "stable", 10, version)
+    assert sample.population == 4
+    # itself, plus those arrived and not yet answered: 1; 2; 3 (the first two still running); 1
+    by_latency = sorted(zip(sample.frame["latency_ms"], sample.frame["in_flight"], strict=True))
+    assert sorted(sample.frame["in_flight"]) == [1.0, 1.0, 2.0, 3.0], by_latency
