@@ -238,6 +238,7 @@ def build_app(worker: Worker) -> ASGIApp:
             body["ms"],
             body.get("factor", 1.0),
             body.get("stage", "compute"),
+            body.get("mode", "hold"),
         )
 
     async def ranking(body: dict[str, Any]) -> dict[str, Any]:

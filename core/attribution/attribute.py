@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from core.attribution.decision import decide
-from core.attribution.graph import NODES, TARGET, contributions_ms
+from core.attribution.graph import NODES, PLAYERS, TARGET, contributions_ms
 from core.attribution.types import (
     DEFAULT_CONFIG,
     AttributionConfig,
@@ -48,7 +48,7 @@ def bootstrap(
     _ = contributions_ms(a[rng.integers(0, len(a), n)], b[rng.integers(0, len(b), n)])
     per_row = max(clock() - started, 1e-6) / n  # the fits are linear in rows
     m = int(min(n, max(config.min_rows, config.budget_s / (config.resamples * per_row))))
-    ms: dict[str, list[float]] = {node: [] for node in NODES}
+    ms: dict[str, list[float]] = {player: [] for player in PLAYERS}
     changes = []
     for _ in range(config.resamples):
         ia, ib = rng.integers(0, len(a), m), rng.integers(0, len(b), m)

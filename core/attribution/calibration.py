@@ -1,10 +1,10 @@
 """Do the stated intervals hold? Plant a known effect many times and count how often they cover it.
 
 A synthetic population follows a known linear SCM over the attribution graph, with skewed
-(exponential) noise as stage timings have. The planted cause adds `effect_ms` to compute's
-mechanism; with queue = 0.8 x (preprocess + compute) + ..., the true contribution of compute to
-mean latency is effect_ms x (1 + 0.8), and every other mechanism is unchanged (true
-contribution 0). Each run draws fresh before/after populations, attributes, and checks whether
+(exponential) noise as stage timings have. The planted cause adds `effect_ms` to the engine's
+compute, for this request and the requests ahead of it; with queue = 0.8 x (the work ahead) +
+..., the true contribution of compute to mean latency is effect_ms x (1 + 0.8), and every
+other mechanism is unchanged (true contribution 0). Each run draws fresh before/after populations, attributes, and checks whether
 compute's interval contains the truth.
 """
 
@@ -33,17 +33,44 @@ def synthetic_population(
     rows: tuple[int, int] = (10, 60),
 ) -> pd.DataFrame:
     """`n` requests from the known SCM; the keyword arguments plant causes."""
-    in_flight = rng.integers(8, 17, n) + load
-    n_rows = rng.integers(rows[0], rows[1] + 1, n).astype(float)
-    size = n_rows * 400 + rng.normal(0, 2_000, n) + extra_bytes
-    batch = 0.5 * in_flight + rng.normal(0, 1, n)
-    pre = 0.1 + 0.01 * n_rows + 0.0001 * size + rng.exponential(0.1, n) + preprocess_ms
-    compute = 0.5 + 0.01 * n_rows + 0.2 * batch + rng.exponential(0.2, n) + compute_ms
-    queue = 0.1 * in_flight + QUEUE_PER_ENGINE_MS * (pre + compute) + rng.exponential(0.3, n)
+    load_rps = rng.normal(1_000, 150, n) + load
+
+    def request_rows() -> np.ndarray:
+        return rng.integers(rows[0], rows[1] + 1, n).astype(float)
+
+    def engine(n_rows: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        size = n_rows * 400 + rng.normal(0, 2_000, n) + extra_bytes
+        pre = 0.1 + 0.01 * n_rows + 0.0001 * size + rng.exponential(0.1, n) + preprocess_ms
+        compute = 0.5 + 0.01 * n_rows + 0.2 * batch + rng.exponential(0.2, n) + compute_ms
+        return size, pre, compute
+
+    n_rows, ahead_rows = request_rows(), np.mean([request_rows() for _ in range(4)], axis=0)
+    batch = 0.005 * load_rps + rng.normal(0, 1, n)
+    size, pre, compute = engine(n_rows, batch)
+    ahead_size, ahead_pre, ahead_compute = engine(ahead_rows, batch)
+    queue = (
+        0.001 * load_rps
+        + QUEUE_PER_ENGINE_MS * (ahead_pre + ahead_compute)
+        + rng.exponential(0.3, n)
+    )
     post = 0.05 + rng.exponential(0.05, n)
     latency = queue + pre + compute + post + rng.exponential(0.02, n)
-    columns = (in_flight, n_rows, size, batch, pre, compute, queue, post, latency)
-    return pd.DataFrame(np.column_stack(columns), columns=list(NODES))
+    columns = {
+        "load_rps": load_rps,
+        "rows": n_rows,
+        "ahead_rows": ahead_rows,
+        "input_bytes": size,
+        "ahead_input_bytes": ahead_size,
+        "batch_size": batch,
+        "preprocess_ms": pre,
+        "compute_ms": compute,
+        "ahead_preprocess_ms": ahead_pre,
+        "ahead_compute_ms": ahead_compute,
+        "queue_ms": queue,
+        "postprocess_ms": post,
+        "latency_ms": latency,
+    }
+    return pd.DataFrame({node: columns[node] for node in NODES})
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,34 @@
 """The causal graph of one request's latency, fitted as a linear SCM, and exact Shapley shares.
 
-    in_flight -> batch_size, queue;  rows -> input_bytes, preprocess, compute, queue, postprocess
+    load_rps -> batch_size, queue;  rows -> input_bytes, preprocess, compute, queue, postprocess
     input_bytes, batch_size -> preprocess;  batch_size -> compute
-    preprocess, compute -> queue  (the engine thread is busy with both while others wait)
+    ahead_rows -> ahead_input_bytes -> ahead_preprocess;  ahead_rows -> ahead_compute
+    batch_size -> ahead_preprocess, ahead_compute
+    ahead_preprocess, ahead_compute -> queue
     queue, preprocess, compute, postprocess -> latency
+
+`ahead_*` are the means over the 16 requests that arrived just before this one: the work it
+queues behind. `load_rps` is the arrival rate over the last 64 arrivals: the offered load.
 
 Each node with parents is a linear mechanism with additive noise (least squares with an
 intercept); a root is its empirical distribution. The change in mean latency from one population
-to another is split over the nodes whose mechanism changed (Budhathoki et al. 2021, "Why did
+to another is split over the causes whose mechanisms changed (Budhathoki et al. 2021, "Why did
 the distribution change?", the attribution DoWhy's `gcm.distribution_change` computes): v(S) is
-mean latency when the nodes in S take the *after* mechanism and the rest the *before* one, and
-each node's contribution is its Shapley value in v. With linear mechanisms the mean propagates
-exactly (E[x] = c + b.E[parents]), so v is evaluated for all 2^9 subsets in closed form: no
-Monte-Carlo draws, and the contributions sum to the observed change exactly.
+mean latency when the causes in S take the *after* mechanisms and the rest the *before* ones,
+and each cause's contribution is its Shapley value in v. A cause is a player that may own two
+nodes: compute is a request's own engine time and that of the requests ahead of it, because a
+slower engine slows both (likewise preprocess, and rows: heavier requests ahead queue this one).
+With linear mechanisms the mean propagates exactly (E[x] = c + b.E[parents]), so v is evaluated
+for all 2^9 subsets in closed form: no Monte-Carlo draws, and the contributions sum to the
+observed change exactly.
 
-Why these edges. A request waits (queue) behind the batches ahead of it, so a slower engine or
-feature pipeline raises queueing too: with preprocess and compute as parents of queue, that
-queueing is booked to the slower stage (the root cause), not to queue (a symptom). Offered load
-(in_flight: requests in the worker when this one arrived) drives batch sizes and queueing; a
-change in traffic alone is a change of that root, named as load. Bigger payloads at the same row
-count are a change in input_bytes given rows; the slower parsing that follows is preprocess's
-unchanged mechanism at larger inputs, so the inputs are named, not the stage they slow.
+Why these edges. Waiting (queue) is the symptom of the work ahead and of the offered load, so it
+has them as parents: a slower engine's queueing is booked to compute, heavier neighbours' to
+rows, more traffic's to load, and only a change in how waiting follows from those (smaller
+batches, a scheduling stall) to queue itself. Offered load is the arrival rate, not the number
+in flight: in flight grows with latency (Little's law), so it is partly a symptom. Bigger payloads
+at the same row count are a change in input_bytes given rows; the slower parsing that follows is
+preprocess's unchanged mechanism at larger inputs, so the inputs are named, not the stage.
 """
 
 from __future__ import annotations
@@ -30,30 +38,46 @@ from dataclasses import dataclass
 import numpy as np
 
 TARGET = "latency_ms"
-NODES = (  # topological order
-    "in_flight",
+NODES = (  # topological order: the columns of a population, the target last
+    "load_rps",
     "rows",
+    "ahead_rows",
     "input_bytes",
+    "ahead_input_bytes",
     "batch_size",
     "preprocess_ms",
     "compute_ms",
+    "ahead_preprocess_ms",
+    "ahead_compute_ms",
     "queue_ms",
     "postprocess_ms",
     TARGET,
 )
 PARENTS: dict[str, tuple[str, ...]] = {
-    "in_flight": (),
+    "load_rps": (),
     "rows": (),
+    "ahead_rows": (),
     "input_bytes": ("rows",),
-    "batch_size": ("in_flight",),
+    "ahead_input_bytes": ("ahead_rows",),
+    "batch_size": ("load_rps",),
     "preprocess_ms": ("rows", "input_bytes", "batch_size"),
     "compute_ms": ("rows", "batch_size"),
-    "queue_ms": ("in_flight", "rows", "preprocess_ms", "compute_ms"),
+    "ahead_preprocess_ms": ("ahead_rows", "ahead_input_bytes", "batch_size"),
+    "ahead_compute_ms": ("ahead_rows", "batch_size"),
+    "queue_ms": ("load_rps", "rows", "ahead_preprocess_ms", "ahead_compute_ms"),
     "postprocess_ms": ("rows",),
     TARGET: ("queue_ms", "preprocess_ms", "compute_ms", "postprocess_ms"),
 }
-CAUSES = {  # node -> what a person calls it
-    "in_flight": "offered load (requests in flight)",
+PLAYER_OF = {  # node -> the cause whose change it is
+    **{node: node for node in NODES},
+    "ahead_rows": "rows",
+    "ahead_input_bytes": "input_bytes",
+    "ahead_preprocess_ms": "preprocess_ms",
+    "ahead_compute_ms": "compute_ms",
+}
+PLAYERS = tuple(dict.fromkeys(PLAYER_OF[node] for node in NODES))
+CAUSES = {  # player -> what a person calls it
+    "load_rps": "offered load (requests/s)",
     "rows": "request size (rows)",
     "input_bytes": "input bytes",
     "batch_size": "batch size",
@@ -101,8 +125,10 @@ def _subset_masks(n: int) -> np.ndarray:
     return ((codes[:, None] >> np.arange(n)) & 1).astype(bool)
 
 
-_MASKS = _subset_masks(len(NODES))
-_SIZES = _MASKS.sum(axis=1)
+_PLAYER_MASKS = _subset_masks(len(PLAYERS))  # (2^players, players)
+_SIZES = _PLAYER_MASKS.sum(axis=1)
+# (2^players, nodes): whether each node takes the after mechanism in each subset of players
+_MASKS = _PLAYER_MASKS[:, [PLAYERS.index(PLAYER_OF[node]) for node in NODES]]
 
 
 def _shapley_weights(n: int) -> np.ndarray:
@@ -112,11 +138,11 @@ def _shapley_weights(n: int) -> np.ndarray:
     return np.array([factorial(k) * factorial(n - k - 1) / factorial(n) for k in range(n)])
 
 
-_WEIGHTS = _shapley_weights(len(NODES))
+_WEIGHTS = _shapley_weights(len(PLAYERS))
 
 
 def subset_means(before: LinearScm, after: LinearScm) -> np.ndarray:
-    """(2^n, n) mean of every node under every mix of before/after mechanisms."""
+    """(2^players, nodes): mean of every node under every mix of before/after mechanisms."""
     means = np.zeros(_MASKS.shape)
     for j in range(len(NODES)):
         take_after = _MASKS[:, j]
@@ -127,16 +153,13 @@ def subset_means(before: LinearScm, after: LinearScm) -> np.ndarray:
 
 
 def shapley_contributions(before: LinearScm, after: LinearScm) -> dict[str, float]:
-    """Each node's Shapley share (ms) of the change in mean latency; they sum to the change."""
+    """Each cause's Shapley share (ms) of the change in mean latency; they sum to the change."""
     target = subset_means(before, after)[:, _INDEX[TARGET]]
-    n = len(NODES)
     out = {}
-    for j, node in enumerate(NODES):
-        without = ~_MASKS[:, j]
-        codes = np.nonzero(without)[0]
+    for j, player in enumerate(PLAYERS):
+        codes = np.nonzero(~_PLAYER_MASKS[:, j])[0]  # the subsets without this player
         gains = target[codes | (1 << j)] - target[codes]
-        out[node] = float(np.sum(_WEIGHTS[_SIZES[codes]] * gains))
-    assert n == len(out)
+        out[player] = float(np.sum(_WEIGHTS[_SIZES[codes]] * gains))
     return out
 
 
