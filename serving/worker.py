@@ -592,6 +592,10 @@ class Worker:
             log_pending_rows={w.spool.table.name: w.pending for w in self._writers},
             log_pending_limit=self.settings.serving_log_max_pending_rows,
             log_backpressure_rejections=self.backpressure_rejections,
+            log_written_rows={
+                w.spool.table.name: w.stats.rows_inserted + w.stats.rows_spooled
+                for w in self._writers
+            },
             trace_spans={
                 "recorded": self.tracer.counts.recorded,
                 "exported": self.tracer.counts.exported,
