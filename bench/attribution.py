@@ -144,6 +144,7 @@ def worker_process(home: Path, name: str, store: Any, manifest: Any, **env: str)
         "RELAY_SERVING_PORT": "0",
         "RELAY_SERVING_BINARY_PORT": "0",
         "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+        "RELAY_SERVING_FAULT_INJECTION": "true",  # this run injects latency or rankings
         "RELAY_SERVING_STABLE_REF": manifest.version,
         "RELAY_SERVING_LOG_FLUSH_MS": "200",
         "RELAY_SERVING_MAX_BATCH_DELAY_MS": "2",  # the production default, said out loud
