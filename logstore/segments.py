@@ -166,8 +166,11 @@ def stored_form(
     else; expanding them is left to whoever ingests, off the serving worker's core.
     """
     if parts and not rows and all(_is_journal(p.schema, table) for p in parts):
-        # An IPC file holds one dictionary per column: the batches' are merged into one.
-        return pa.Table.from_batches(parts).unify_dictionaries()
+        # An IPC file holds one dictionary per column: the batches' are merged into one, and
+        # the batches into one record batch. Small engine batches (one or two requests each)
+        # made a file of hundreds of tiny LZ4 frames: 83 µs a batch, against 28 µs combined,
+        # and a file 24 times the size (500 one-request batches, `time.thread_time`).
+        return pa.Table.from_batches(parts).unify_dictionaries().combine_chunks()
     return segment_table(rows, parts, table)
 
 
