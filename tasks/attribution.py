@@ -43,6 +43,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from logstore.reading import connect_for_reading
+from logstore.release_events import EventKind
 from logstore.stage_samples import STAGE_COLUMNS, StageSample, sample_stage_rows
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
@@ -396,8 +397,8 @@ def explained(
         record(
             settings,
             release,
-            "attribution",
-            attribution.status.value,
+            EventKind.attribution,
+            attribution.status,
             attribution.statement,
             gate=gate.gate,
             **attribution.as_dict(),

@@ -15,13 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
 from logstore.feedback import LABEL_DELAY, sample_labelled_window
 from logstore.reading import connect_for_reading
+from logstore.release_events import EventKind
 from logstore.slo import SlotStats, query_slot_stats
 from model_store import open_store
 from relay.features import LABEL, to_model_input
@@ -38,13 +41,14 @@ class GuardLimits:
     """When the guard acts. The one home of the guard's defaults; the flow's signature reads them."""
 
     # One product SLO: the champion is held live to the absolute SLO its canary was held to.
-    max_p95_ms: float = CanaryRules.max_p95_ms
-    max_error_rate: float = CanaryRules.max_error_rate
-    min_requests: int = 200  # served by the champion in the live window before any verdict
+    max_p95_ms: Annotated[float, Field(gt=0)] = CanaryRules.max_p95_ms
+    max_error_rate: Annotated[float, Field(gt=0, le=1)] = CanaryRules.max_error_rate
+    # served by the champion in the live window before any verdict
+    min_requests: Annotated[int, Field(ge=1)] = 200
     # The quality rule's AUC drop is the blessing's relative limit, re-checked on fresh events.
-    max_auc_drop: float = CalibrationThresholds.max_auc_drop
-    min_traffic_share: float = 0.3
-    min_labelled_events: int = 2_000
+    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = CalibrationThresholds.max_auc_drop
+    min_traffic_share: Annotated[float, Field(ge=0, le=1)] = 0.3
+    min_labelled_events: Annotated[int, Field(ge=1)] = 2_000
 
 
 def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardLimits) -> GateResult:
@@ -208,7 +212,7 @@ def decide_guard(
 ) -> GateResult:
     """The guard's decision, recorded."""
     decision = decide(live, quality, fleet)
-    record(settings, champion, "guard", decision.verdict.value, decision.reason)
+    record(settings, champion, EventKind.guard, decision.verdict, decision.reason)
     return decision
 
 
@@ -237,8 +241,8 @@ def assess_champion_slo(
     record(
         settings,
         champion,
-        "guard_slo",
-        gate.verdict.value,
+        EventKind.guard_slo,
+        gate.verdict,
         gate.reason,
         measurements=gate.measurements,
     )
@@ -292,8 +296,8 @@ def assess_champion_quality(
     record(
         settings,
         champion,
-        "guard_quality",
-        gate.verdict.value,
+        EventKind.guard_quality,
+        gate.verdict,
         gate.reason,
         measurements=gate.measurements,
     )
@@ -306,5 +310,5 @@ def report_no_rollback_target(
 ) -> GateResult:
     """The guard wanted to roll back but no earlier blessed version exists: an `error`, recorded."""
     reason = f"{decision.reason}; no previous blessed version to roll back to"
-    record(settings, champion, "guard", Verdict.error.value, reason)
+    record(settings, champion, EventKind.guard, Verdict.error, reason)
     return decision.model_copy(update={"verdict": Verdict.error, "reason": reason})

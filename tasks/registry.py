@@ -10,6 +10,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.training.model import TrainedModel
 from model_store import ModelStore, open_store
 from relay.settings import Settings
 from relay.types import LINEAGE_PARTS, EngineRecord, VersionManifest
@@ -17,7 +18,6 @@ from tasks.aliases import move_alias
 from tasks.compilation import CompileOutcome
 from tasks.lineage import LineageRecord
 from tasks.tracking import mlflow_client
-from tasks.training import TrainedModel
 
 CANDIDATE = "candidate"
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from core.training.model import TrainConfig, auc, logloss, train_model
 from simulation.shop import ShopConfig, generate_events
-from tasks.training import TrainConfig, auc, logloss, train_model
 
 
 @pytest.fixture(scope="module")
