@@ -8,12 +8,12 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 import logstore
+from core.lineage.hashing import LineageRecord
 from core.training.model import TrainedModel
 from logstore.release_events import EventKind, ReleaseEvent, events_of_release, record_event
 from relay.settings import Settings
 from relay.types import Release, ReleaseOutcome
 from tasks.compilation import CompileOutcome
-from tasks.lineage import LineageRecord
 from tasks.registry import Registration
 
 

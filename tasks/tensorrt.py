@@ -24,6 +24,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field, model_validator
 
+from core.lineage.hashing import build_hash
 from core.tensorrt.requests import (
     GpuQueue,
     PlanRequest,
@@ -47,7 +48,6 @@ from tasks.compilation import (
     build_failed,
     run_engine,
 )
-from tasks.lineage import build_hash
 
 if TYPE_CHECKING:
     from prefect.client.schemas.objects import FlowRun

@@ -31,6 +31,7 @@ from prefect.flow_runs import resume_flow_run
 import logstore
 from core.data.validation import window_ending
 from core.impact.storage import list_impact_reports
+from core.lineage.hashing import compute_lineage_record
 from core.training.model import TrainConfig, predict, train_model
 from flows.guard import release_guard
 from flows.release import retrain_and_release
@@ -56,7 +57,6 @@ from tasks.calibration import (
 from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.export import export_model
-from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
 from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE, merged, seeded
 
