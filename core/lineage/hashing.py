@@ -14,6 +14,7 @@ import hashlib
 import json
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -32,9 +33,12 @@ from relay.types import LineageId
 class EngineFile(Protocol):
     """A compiled engine as hashing sees it (tasks.compilation.CompiledEngine is one)."""
 
-    name: str
-    path: Path
-    options: dict[str, Any]
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
 
 
 ENV_PACKAGES = ("torch", "onnx", "onnxruntime", "numpy", "pandas", "tensorrt")
@@ -108,7 +112,7 @@ class LineageRecord:
 
 
 def compute_lineage_record(
-    model_path: Path, frame: pd.DataFrame, engines: list[EngineFile], window: str
+    model_path: Path, frame: pd.DataFrame, engines: Sequence[EngineFile], window: str
 ) -> LineageRecord:
     """Hash every part; files stream in parallel threads, never read whole."""
     files = [model_path, pipeline_source(), *(e.path for e in engines)]
