@@ -26,6 +26,7 @@ from core.attribution import (
 )
 from core.attribution.types import DEFAULT_CONFIG
 from logstore.reading import connect_for_reading
+from logstore.release_events import EventKind
 from logstore.stage_samples import StageSample, sample_stage_rows
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
@@ -91,8 +92,8 @@ def explained(
         record(
             settings,
             release,
-            "attribution",
-            attribution.status.value,
+            EventKind.attribution,
+            attribution.status,
             attribution.statement,
             gate=gate.gate,
             **attribution.as_dict(),

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import logstore
-from logstore.release_events import events_of_release
+from logstore.release_events import EventKind, events_of_release
 from logstore.spool import rows_to_table
 from relay.types import GateResult, Release, Verdict
+from relay_testing.waiting import wait_until
 from tasks.attribution import AttributionConfig, explain_canary_rejection
 from tasks.canary import record
 
@@ -59,7 +60,7 @@ def test_a_slow_canarys_verdict_names_compute_and_is_recorded(settings: Any) -> 
     client = logstore.connect(settings.resolved_clickhouse_dsn)
     tag = uuid.uuid4().hex[:8]
     release = Release(f"rel-{tag}", f"canary-{tag}", "lineage")
-    record(settings, release, "deploy", "passed", "canary deployed")
+    record(settings, release, EventKind.deploy, Verdict.passed, "canary deployed")
     client.insert_arrow(
         "inference_logs",
         rows_to_table(
@@ -67,7 +68,15 @@ def test_a_slow_canarys_verdict_names_compute_and_is_recorded(settings: Any) -> 
             + rows("canary", release.version, 1_500, 20.0, 2)
         ),
     )
-    time.sleep(0.3)  # the period ends at "now": after the last row
+    # the period ends at "now": after the last row
+    wait_until(
+        lambda: client.query(
+            "SELECT max(ts) < now64(3) FROM inference_logs WHERE model_version = {v:String}",
+            parameters={"v": release.version},
+        ).result_rows[0][0],
+        10,
+        "the canary's last row in the past",
+    )
     gate = GateResult(
         gate="canary",
         verdict=Verdict.failed,
