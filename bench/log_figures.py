@@ -10,6 +10,7 @@ engine of this process, the way the log store's owner ingests before it reads.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -70,4 +71,35 @@ def ingest_figures(spool_dir: Path, dsn: str) -> dict[str, Any]:
         "ingest_rows_s": round(rows / seconds, 1) if seconds > 0 else 0.0,
         "ingest_rows_by_table": by_table,
         "ingest_landed_rows_by_table": landed,
+    }
+
+
+def cpu_figures(cpu_s: float, answered: int, wall_s: float) -> dict[str, float]:
+    """A server's CPU per answered request and its CPU share, over one window.
+
+    Both are over the same window (warm-up included), so the answers they divide by are the
+    ones the CPU was spent on. The share is CPU seconds per wall second: on a host with more
+    runnable threads than cores the scheduler sets it, thread by thread, not the server's
+    efficiency, and throughput follows it (see docs/benchmarks.md).
+    """
+    return {
+        "cpu_us_per_request": round(cpu_s / max(answered, 1) * 1e6, 1),
+        "cpu_share": round(cpu_s / wall_s, 3) if wall_s > 0 else 0.0,
+    }
+
+
+def per_cpu_figures(worker: list[dict[str, float]], nolog: list[dict[str, float]]) -> dict:
+    """Throughput per CPU second, logging on over off, round by round, and its median.
+
+    The rps ratio with the CPU share the scheduler gave each server taken out: what the ratio
+    would be if each had a CPU of its own.
+    """
+    ratios = [
+        n["cpu_us_per_request"] / w["cpu_us_per_request"]
+        for w, n in zip(worker, nolog, strict=True)
+        if w["cpu_us_per_request"]
+    ]
+    return {
+        "worker_over_nolog_rps_per_cpu_rounds": [round(x, 3) for x in ratios],
+        "worker_over_nolog_rps_per_cpu": round(statistics.median(ratios), 3) if ratios else None,
     }
