@@ -88,18 +88,33 @@ def cpu_figures(cpu_s: float, answered: int, wall_s: float) -> dict[str, float]:
     }
 
 
-def per_cpu_figures(worker: list[dict[str, float]], nolog: list[dict[str, float]]) -> dict:
-    """Throughput per CPU second, logging on over off, round by round, and its median.
+def log_cost_ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Logging on over logging off, paired round by round, each with its median.
 
-    The rps ratio with the CPU share the scheduler gave each server taken out: what the ratio
-    would be if each had a CPU of its own.
+    Paired: each round's ratio is of two scenarios measured moments apart, so drift in the
+    host's load between rounds cancels (medians taken apart can pair a quiet round of one with
+    a busy round of the other). `_rps_per_cpu` is throughput per CPU second, the rps ratio with
+    the CPU share the scheduler gave each server taken out: what it is when each has a CPU.
     """
-    ratios = [
-        n["cpu_us_per_request"] / w["cpu_us_per_request"]
-        for w, n in zip(worker, nolog, strict=True)
-        if w["cpu_us_per_request"]
-    ]
+    nolog = rounds["worker_nolog"]
+
+    def paired(name: str, kind: str, over: Any) -> dict[str, Any]:
+        ratios = [over(a, n) for a, n in zip(rounds[name], nolog, strict=True)]
+        ratios = [x for x in ratios if x is not None]
+        return {
+            f"{name}_over_nolog_{kind}_rounds": [round(x, 3) for x in ratios],
+            f"{name}_over_nolog_{kind}": round(statistics.median(ratios), 3) if ratios else None,
+        }
+
+    def rps(a: dict[str, float], n: dict[str, float]) -> float | None:
+        return a["rps"] / n["rps"] if n["rps"] else None
+
+    def per_cpu(a: dict[str, float], n: dict[str, float]) -> float | None:
+        c = a["cpu_us_per_request"]
+        return n["cpu_us_per_request"] / c if c else None
+
     return {
-        "worker_over_nolog_rps_per_cpu_rounds": [round(x, 3) for x in ratios],
-        "worker_over_nolog_rps_per_cpu": round(statistics.median(ratios), 3) if ratios else None,
+        **paired("worker", "rps", rps),
+        **paired("worker_requests_only", "rps", rps),
+        **paired("worker", "rps_per_cpu", per_cpu),
     }
