@@ -69,9 +69,11 @@ class Recorder:
     latencies: list[float] = field(default_factory=list)
     ok: int = 0
     errors: int = 0
+    answered_all: int = 0  # answered at any time, warm-up included: CPU per request over a run
 
     def done(self, sent_at: float, ok: bool) -> float:
         now = time.perf_counter()
+        self.answered_all += ok
         if self.start <= (sent_at if self.by_send_time else now) < self.stop:
             self.latencies.append(now - sent_at)
             if ok:

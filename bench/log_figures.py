@@ -10,6 +10,7 @@ engine of this process, the way the log store's owner ingests before it reads.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -70,4 +71,50 @@ def ingest_figures(spool_dir: Path, dsn: str) -> dict[str, Any]:
         "ingest_rows_s": round(rows / seconds, 1) if seconds > 0 else 0.0,
         "ingest_rows_by_table": by_table,
         "ingest_landed_rows_by_table": landed,
+    }
+
+
+def cpu_figures(cpu_s: float, answered: int, wall_s: float) -> dict[str, float]:
+    """A server's CPU per answered request and its CPU share, over one window.
+
+    Both are over the same window (warm-up included), so the answers they divide by are the
+    ones the CPU was spent on. The share is CPU seconds per wall second: on a host with more
+    runnable threads than cores the scheduler sets it, thread by thread, not the server's
+    efficiency, and throughput follows it (see docs/benchmarks.md).
+    """
+    return {
+        "cpu_us_per_request": round(cpu_s / max(answered, 1) * 1e6, 1),
+        "cpu_share": round(cpu_s / wall_s, 3) if wall_s > 0 else 0.0,
+    }
+
+
+def log_cost_ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Logging on over logging off, paired round by round, each with its median.
+
+    Paired: each round's ratio is of two scenarios measured moments apart, so drift in the
+    host's load between rounds cancels (medians taken apart can pair a quiet round of one with
+    a busy round of the other). `_rps_per_cpu` is throughput per CPU second, the rps ratio with
+    the CPU share the scheduler gave each server taken out: what it is when each has a CPU.
+    """
+    nolog = rounds["worker_nolog"]
+
+    def paired(name: str, kind: str, over: Any) -> dict[str, Any]:
+        ratios = [over(a, n) for a, n in zip(rounds[name], nolog, strict=True)]
+        ratios = [x for x in ratios if x is not None]
+        return {
+            f"{name}_over_nolog_{kind}_rounds": [round(x, 3) for x in ratios],
+            f"{name}_over_nolog_{kind}": round(statistics.median(ratios), 3) if ratios else None,
+        }
+
+    def rps(a: dict[str, float], n: dict[str, float]) -> float | None:
+        return a["rps"] / n["rps"] if n["rps"] else None
+
+    def per_cpu(a: dict[str, float], n: dict[str, float]) -> float | None:
+        c = a["cpu_us_per_request"]
+        return n["cpu_us_per_request"] / c if c else None
+
+    return {
+        **paired("worker", "rps", rps),
+        **paired("worker_requests_only", "rps", rps),
+        **paired("worker", "rps_per_cpu", per_cpu),
     }

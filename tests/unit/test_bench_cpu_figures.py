@@ -1,0 +1,72 @@
+"""bench.serving's CPU figures: CPU per request and CPU share over one window, and the
+logging-on over logging-off ratios, paired round by round and with the CPU share taken out."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from bench.log_figures import cpu_figures, cpu_seconds, log_cost_ratios
+
+
+def test_cpu_figures_divide_one_windows_cpu_by_that_windows_answers_and_wall_time():
+    figures = cpu_figures(cpu_s=0.6, answered=3000, wall_s=2.0)
+    assert figures == {"cpu_us_per_request": 200.0, "cpu_share": 0.3}
+
+
+def test_cpu_figures_of_an_idle_window_are_zero_not_a_division_error():
+    assert cpu_figures(cpu_s=0.0, answered=0, wall_s=0.0) == {
+        "cpu_us_per_request": 0.0,
+        "cpu_share": 0.0,
+    }
+
+
+def _round(rps: float, cpu_us: float) -> dict[str, float]:
+    return {"rps": rps, "cpu_us_per_request": cpu_us}
+
+
+def test_log_cost_ratios_pair_each_round_so_a_busy_round_of_one_mode_cannot_skew_it():
+    # round 2 was busy for worker_nolog only: independent medians would give 1000 / 500 = 2.0
+    rounds = {
+        "worker": [_round(1000, 300), _round(1100, 250), _round(400, 320)],
+        "worker_requests_only": [_round(1000, 220), _round(900, 230), _round(450, 240)],
+        "worker_nolog": [_round(1020, 210), _round(500, 200), _round(420, 224)],
+    }
+    r = log_cost_ratios(rounds)
+    assert r["worker_over_nolog_rps_rounds"] == [0.98, 2.2, 0.952]
+    assert r["worker_over_nolog_rps"] == 0.98
+    assert r["worker_requests_only_over_nolog_rps"] == pytest.approx(1.071, abs=1e-3)
+
+
+def test_a_worker_given_more_cpu_but_costlier_per_request_is_slower_per_cpu_second():
+    # the shared-host case: logging on wins more CPU (more req/s) yet costs more per request
+    rounds = {
+        "worker": [_round(1300, 300), _round(1200, 250)],
+        "worker_requests_only": [_round(1250, 240), _round(1150, 230)],
+        "worker_nolog": [_round(1000, 210), _round(900, 200)],
+    }
+    r = log_cost_ratios(rounds)
+    assert r["worker_over_nolog_rps_per_cpu_rounds"] == [0.7, 0.8]
+    assert r["worker_over_nolog_rps_per_cpu"] == pytest.approx(0.75)
+    assert r["worker_over_nolog_rps"] > 1  # what the scheduler's share alone makes of it
+
+
+def test_a_round_with_nothing_answered_or_measured_is_left_out_not_divided_by():
+    rounds = {
+        "worker": [_round(0, 0.0)],
+        "worker_requests_only": [_round(10, 200.0)],
+        "worker_nolog": [_round(0, 200.0)],
+    }
+    r = log_cost_ratios(rounds)
+    assert r["worker_over_nolog_rps"] is None and r["worker_over_nolog_rps_rounds"] == []
+    assert r["worker_over_nolog_rps_per_cpu"] is None
+
+
+def test_cpu_seconds_of_this_process_grow_with_the_work_it_does():
+    before = cpu_seconds(os.getpid())
+    deadline, give_up = before + 0.05, time.monotonic() + 10
+    while cpu_seconds(os.getpid()) < deadline and time.monotonic() < give_up:
+        sum(range(10_000))
+    assert cpu_seconds(os.getpid()) >= deadline
