@@ -1,7 +1,8 @@
 """The benchmark-figures table in the docs, rendered from bench/results/*.json, never typed.
 
-`python -m bench.figures` rewrites the block between `<!-- figures:begin -->` and
-`<!-- figures:end -->` in every Markdown file under the repository that has one;
+`python -m bench.figures` rewrites the blocks between `<!-- figures:begin -->` and
+`<!-- figures:end -->` (the summary table) and `<!-- figures:gate-cases:begin -->` ... `end -->`
+(bench.gate's rows) in README.md and docs/*.md;
 `python -m bench.figures --check` exits 1 when a block differs from what the results say
 (tests/unit/test_bench_figures.py runs the check, so a figure edited by hand fails the suite).
 A result file that is missing, or a field a renderer needs that is absent, reads "not measured":
@@ -80,9 +81,14 @@ def _release(d: Mapping[str, Any]) -> Iterable[str]:
 
 @renders("store")
 def _store(d: Mapping[str, Any]) -> Iterable[str]:
-    for key, value in d.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            yield f"{key} {_num(value, 2)}"
+    size = _num(_get(d, "artifact_mb"))
+    put, raw_put = _get(d, "store_put_mb_s"), _get(d, "raw_put_mb_s")
+    get, raw_get = _get(d, "store_get_mb_s"), _get(d, "raw_get_mb_s")
+    yield f"{size} MB: put {_num(put)} vs raw {_num(raw_put)} MB/s ({_num(put / raw_put, 2)})"
+    yield f"get {_num(get)} vs raw {_num(raw_get)} MB/s ({_num(get / raw_get, 2)})"
+    if "raw_verified_get_mb_s" in d:
+        yield f"raw get + sha256 {_num(d['raw_verified_get_mb_s'])} MB/s"
+    yield f"peak RSS put {_num(_get(d, 'peak_rss_mb'))} MB, get {_num(d.get('get_peak_rss_mb'))} MB"
 
 
 @renders("serving")
@@ -119,7 +125,18 @@ def _chaos(d: Mapping[str, Any]) -> Iterable[str]:
         f"{_num(_get(d, 'worker_kills'))} worker SIGKILLs: {_num(_get(d, 'answered'))} answered, "
         f"{_num(_get(d, 'rows_lost'))} rows lost, {_num(_get(d, 'rows_duplicated'))} duplicated"
     )
-    for key in ("concurrent_ingestion", "ingester_kills", "transports", "release_kills", "lease_s"):
+    for key in (
+        "concurrent_ingestion",
+        "ingester_kills",
+        "transports",
+        "requests_in_flight",
+        "logging_cost",
+        "fsync_cost",
+        "release_kills",
+        "next_release_started",
+        "lease_s",
+        "orphan_canary_s_max",
+    ):
         if key in d:
             yield f"{key}: {d[key] if isinstance(d[key], str | list) else _num(d[key])}"
 
@@ -130,6 +147,88 @@ def _impact(d: Mapping[str, Any]) -> Iterable[str]:
         f"{_num(_get(d, 'rows'))} rows: query {_num(_get(d, 'query_s'))} s + analysis "
         f"{_num(_get(d, 'analysis_s'))} s; peak RSS {_num(_get(d, 'peak_rss_mb'))} MB"
     )
+
+
+@renders("gate")
+def _gate(d: Mapping[str, Any]) -> Iterable[str]:
+    cases = _get(d, "cases")
+    aa = [c for c in cases if c["regression"] == "aa"]
+    yield (
+        f"{len(cases)} cases x {_num(d.get('releases_per_case'))} simulated releases "
+        "(every case in docs/gate.md's table)"
+    )
+    yield "A/A false rollback worst row " + _pct(max(c["rolled_back"] for c in aa))
+    yield "A/A promoted without a person, worst row " + _pct(min(c["promoted"] for c in aa))
+    hit = [c for c in cases if (c.get("p95_ratio_at_peak") or 0) >= 1.2]
+    if hit:
+        yield "P95 +>=20 % cases: worst promoted row " + _pct(max(c["promoted"] for c in hit))
+    srm = d.get("srm") or {}
+    yield (
+        f"sample-ratio check: A/A flag rate {_pct(srm.get('aa_flag_rate'))}, "
+        f"5 %->6 % detected within 2 windows in {_pct(srm.get('detected_within_2_windows'))}"
+    )
+    cap = d.get("capacity_check") or {}
+    yield f"capacity check: flags costlier {_pct(cap.get('flag_rate_costlier'))}, twin {_pct(cap.get('flag_rate_twin'))}"
+    yield f"mirror P95 cost {_pct(d.get('mirror_p95_cost'))}"
+    yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
+
+
+def gate_cases_table() -> str:
+    """bench.gate's operating characteristic, one row per case, nothing pooled."""
+    path = RESULTS / "gate.json"
+    if not path.exists():
+        return NOT_MEASURED
+    cases = json.loads(path.read_text()).get("cases", [])
+    out = [
+        "| load | req/s | regression | P95 ratio at peak | rolled back | refused before users "
+        "| paused | promoted | median s to verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cases:
+        out.append(
+            f"| {c['load']} | {_num(c['traffic_rps'], 0)} | {c['regression']} "
+            f"| {_num(c.get('p95_ratio_at_peak'), 2)} | {_pct(c['rolled_back'])} "
+            f"| {_pct(c['refused_before_users'])} | {_pct(c['paused'])} | {_pct(c['promoted'])} "
+            f"| {_num(c.get('median_s_to_verdict'), 0)} |"
+        )
+    return "\n".join(out)
+
+
+@renders("attribution")
+def _attribution(d: Mapping[str, Any]) -> Iterable[str]:
+    cases = _get(d, "cases")
+    right = sum(1 for c in cases if c["correct"])
+    yield f"{right} of {len(cases)} cases correct"
+    for c in cases:
+        named = ", ".join(c["top_causes"]) or "none"
+        yield f"{c['name']}: {c['status']}, named {named} ({'right' if c['correct'] else 'wrong'}, {_num(c['wall_s'])} s)"
+    yield f"90 % interval coverage {_pct(_get(d, 'coverage_90'))}; resamples {_num(_get(d, 'resamples_min'))}"
+
+
+@renders("experiment")
+def _experiment(d: Mapping[str, Any]) -> Iterable[str]:
+    cov = _get(d, "coverage_by_metric")
+    red = _get(d, "cuped_variance_reduction")
+    yield "95 % coverage " + ", ".join(f"{m} {_pct(v)}" for m, v in cov.items())
+    yield "CUPED variance reduction " + ", ".join(f"{m} {_pct(v)}" for m, v in red.items())
+    yield f"effect detected at zero {_pct(_get(d, 'false_detection_rate_zero'))}"
+    yield f"query + estimate on 10M rows {_num(_get(d, 'query_s_10m'))} s"
+    yield f"history page, 100 releases {_num(_get(d, 'history_build_s_100'), 2)} s"
+
+
+@renders("drift")
+def _drift(d: Mapping[str, Any]) -> Iterable[str]:
+    for size in _get(d, "by_window_size"):
+        alarms = size["false_alarm_rate"]
+        combined = alarms.get("combined") or next(iter(alarms.values()))
+        yield f"{_num(size['window_rows'])} impressions/window: false alarms {_pct(combined['rate'])} of {combined['n']}"
+    yield f"cost per window on {_num(_get(d, 'cost_per_window.window_rows'))} impressions {_num(_get(d, 'cost_per_window.combined_s'), 2)} s"
+
+
+@renders("gpu_check")
+def _gpu_check(d: Mapping[str, Any]) -> Iterable[str]:
+    yield f"TensorRT {_get(d, 'tensorrt.status')}: {_get(d, 'tensorrt.reason')}"
+    yield f"host GPU: {_get(d, 'host.gpu') or 'none'}"
 
 
 def render_rows() -> list[tuple[str, list[str]]]:
@@ -160,26 +259,45 @@ def render_table() -> str:
     return "\n".join(out)
 
 
+BLOCKS: dict[str, Callable[[], str]] = {
+    "figures": lambda: render_table(),
+    "figures:gate-cases": gate_cases_table,
+}
+
+
+def _markers(key: str) -> tuple[str, str]:
+    return f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+
+
 def _blocks() -> list[Path]:
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return [p for p in docs if p.exists() and BEGIN in p.read_text()]
+    found = []
+    for p in docs:
+        text = p.read_text() if p.exists() else ""
+        if any(_markers(key)[0] in text for key in BLOCKS):
+            found.append(p)
+    return found
 
 
-def _with_table(text: str, table: str) -> str:
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def _with_tables(text: str) -> str:
+    for key, render in BLOCKS.items():
+        begin, end = _markers(key)
+        if begin not in text:
+            continue
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{render()}\n{end}{tail}"
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a block is stale")
     args = parser.parse_args(argv)
-    table = render_table()
     stale = []
     for path in _blocks():
         text = path.read_text()
-        wanted = _with_table(text, table)
+        wanted = _with_tables(text)
         if wanted != text:
             stale.append(path)
             if not args.check:
