@@ -1,0 +1,195 @@
+"""The release experiment's data types: per-cohort moments in, per-metric effects and a finding out.
+
+Canary and baseline users are hashed sticky into cohorts of equal share, so comparing them is a
+randomized experiment. ClickHouse reduces each cohort's per-user sums to their first and second
+moments (logstore/experiment.py); the estimator (core/impact/experiment.py) works from those
+alone, so nothing per user leaves the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+import numpy as np
+from pydantic import Field
+
+from relay.types import Stored
+
+CANARY = "canary"
+BASELINE = "baseline"
+COHORTS = (CANARY, BASELINE)
+
+# One user's sums over the canary (plain names) and over the pre-canary period (pre_ names);
+# `one` is the constant 1, the denominator of a per-user metric.
+IN_CANARY = ("requests", "latency_sum", "impressions", "clicked", "orders", "gmv")
+COMPONENTS: tuple[str, ...] = ("one", *IN_CANARY, *(f"pre_{c}" for c in IN_CANARY))
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric as a ratio of two per-user sums; its CUPED covariate is the same ratio, pre-canary."""
+
+    key: str
+    label: str
+    unit: str
+    numerator: str
+    denominator: str
+    business: bool  # part of the headline "what did this release do to the business"
+
+    @property
+    def pre_numerator(self) -> str:
+        return f"pre_{self.numerator}"
+
+    @property
+    def pre_denominator(self) -> str:
+        return "one" if self.denominator == "one" else f"pre_{self.denominator}"
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "click_through", "click-through", "clicked / impression", "clicked", "impressions", True
+    ),
+    MetricSpec("orders_per_user", "orders per user", "orders / user", "orders", "one", True),
+    MetricSpec("gmv_per_user", "GMV per user", "GMV / user", "gmv", "one", True),
+    MetricSpec("latency_ms", "latency", "ms / request", "latency_sum", "requests", False),
+)
+
+
+@dataclass(frozen=True)
+class CohortMoments:
+    """One cohort's users: their count, Σ of each component and Σ of each product of two."""
+
+    cohort: str
+    users: int
+    sums: dict[str, float]
+    products: dict[tuple[str, str], float]  # keyed (a, b) with a <= b in COMPONENTS order
+
+    @classmethod
+    def from_users(cls, cohort: str, columns: Mapping[str, Sequence[float]]) -> CohortMoments:
+        """The moments of per-user values (any COMPONENTS missing are 0): what SQL computes."""
+        n = len(next(iter(columns.values())))
+        values = {c: np.asarray(columns.get(c, np.zeros(n)), dtype=np.float64) for c in COMPONENTS}
+        values["one"] = np.ones(n)
+        products = {
+            (a, b): float(values[a] @ values[b])
+            for i, a in enumerate(COMPONENTS)
+            for b in COMPONENTS[i:]
+        }
+        return cls(cohort, n, {c: float(v.sum()) for c, v in values.items()}, products)
+
+    def product(self, a: str, b: str) -> float:
+        i, j = COMPONENTS.index(a), COMPONENTS.index(b)
+        return self.products[(a, b) if i <= j else (b, a)]
+
+
+@dataclass(frozen=True)
+class ExperimentData:
+    """What ClickHouse returned for one release's canary: both cohorts' moments and counts."""
+
+    start: datetime
+    end: datetime
+    pre_start: datetime
+    canary_version: str
+    baseline_version: str
+    cohorts: dict[str, CohortMoments]
+    crossed_users: int  # users seen in both slots (a weight change moved them): left out
+
+
+class ExperimentFinding(StrEnum):
+    """What the experiment concludes about the release, strongest claim last."""
+
+    no_experiment = "no_experiment"
+    not_valid = "not_valid"
+    no_detectable_effect = "no_detectable_effect"
+    effect_detected = "effect_detected"
+
+
+class ExperimentOptions(Stored, frozen=True):
+    """Knobs of the estimate. The one home of their defaults."""
+
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    power: float = Field(default=0.8, gt=0.5, lt=1.0)
+    srm_alpha: float = Field(default=0.001, gt=0.0, lt=0.5)
+    min_users_per_cohort: int = Field(default=20, ge=2)
+    canary_share: float = Field(default=0.5, gt=0.0, lt=1.0)  # canary / (canary + baseline)
+
+
+class MetricEffect(Stored):
+    """Canary minus baseline on one metric, CUPED-adjusted, clustered by user."""
+
+    key: str
+    label: str
+    unit: str
+    measured: bool
+    reason: str = ""
+    canary_mean: float | None = None
+    baseline_mean: float | None = None
+    effect: float | None = None  # absolute, canary − baseline, CUPED-adjusted
+    ci_low: float | None = None
+    ci_high: float | None = None
+    relative: float | None = None  # effect / baseline
+    relative_ci_low: float | None = None
+    relative_ci_high: float | None = None
+    p_value: float | None = None
+    mde: float | None = None  # absolute minimum detectable effect at this sample size
+    relative_mde: float | None = None
+    raw_effect: float | None = None  # without CUPED
+    raw_std_error: float | None = None
+    std_error: float | None = None
+    theta: float | None = None
+    variance_reduction: float | None = None  # 1 − Var(CUPED) / Var(raw)
+    detected: bool = False  # significant after Holm's correction across the business metrics
+
+    def covers_relative(self, value: float) -> bool:
+        low, high = self.relative_ci_low, self.relative_ci_high
+        return low is not None and high is not None and low <= value <= high
+
+
+class SampleRatio(Stored):
+    """The users-per-cohort check against the configured split (chi-square, 1 df)."""
+
+    canary_users: int
+    baseline_users: int
+    expected_canary_share: float
+    chi2: float
+    p_value: float
+    passed: bool
+    source: str  # "estimator" or "release events"
+    reason: str
+
+
+class ReleaseExperiment(Stored):
+    """The stored experiment of one release: what the history page and the report show."""
+
+    release_id: str
+    version: str
+    lineage_id: str
+    baseline_version: str | None
+    outcome: str
+    generated_at: datetime
+    start: datetime | None = None
+    end: datetime | None = None
+    pre_start: datetime | None = None
+    finding: ExperimentFinding
+    headline: str
+    statements: list[str] = Field(default_factory=list)
+    assumptions: list[str] = Field(default_factory=list)
+    canary_users: int = 0
+    baseline_users: int = 0
+    crossed_users: int = 0
+    sample_ratio: SampleRatio | None = None
+    metrics: list[MetricEffect] = Field(default_factory=list)
+    method: str = ""
+    options: ExperimentOptions = Field(default_factory=ExperimentOptions)
+
+    @property
+    def canary_seconds(self) -> float | None:
+        if self.start is None or self.end is None:
+            return None
+        return (self.end - self.start).total_seconds()
+
+    def metric(self, key: str) -> MetricEffect | None:
+        return next((m for m in self.metrics if m.key == key), None)
