@@ -8,24 +8,19 @@ alone, so nothing per user leaves the database.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-import numpy as np
 from pydantic import Field
 
+from logstore.experiment import BASELINE, CANARY, COMPONENTS, CohortMoments, ExperimentData
 from relay.types import Stored
 
-CANARY = "canary"
-BASELINE = "baseline"
-COHORTS = (CANARY, BASELINE)
+# What ClickHouse returns (logstore/experiment.py), named here beside the estimate's own types.
+__all__ = ["BASELINE", "CANARY", "COMPONENTS", "CohortMoments", "ExperimentData"]
 
-# One user's sums over the canary (plain names) and over the pre-canary period (pre_ names);
-# `one` is the constant 1, the denominator of a per-user metric.
-IN_CANARY = ("requests", "latency_sum", "impressions", "clicked", "orders", "gmv")
-COMPONENTS: tuple[str, ...] = ("one", *IN_CANARY, *(f"pre_{c}" for c in IN_CANARY))
+COHORTS = (CANARY, BASELINE)
 
 
 @dataclass(frozen=True)
@@ -56,46 +51,6 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("gmv_per_user", "GMV per user", "GMV / user", "gmv", "one", True),
     MetricSpec("latency_ms", "latency", "ms / request", "latency_sum", "requests", False),
 )
-
-
-@dataclass(frozen=True)
-class CohortMoments:
-    """One cohort's users: their count, Σ of each component and Σ of each product of two."""
-
-    cohort: str
-    users: int
-    sums: dict[str, float]
-    products: dict[tuple[str, str], float]  # keyed (a, b) with a <= b in COMPONENTS order
-
-    @classmethod
-    def from_users(cls, cohort: str, columns: Mapping[str, Sequence[float]]) -> CohortMoments:
-        """The moments of per-user values (any COMPONENTS missing are 0): what SQL computes."""
-        n = len(next(iter(columns.values())))
-        values = {c: np.asarray(columns.get(c, np.zeros(n)), dtype=np.float64) for c in COMPONENTS}
-        values["one"] = np.ones(n)
-        products = {
-            (a, b): float(values[a] @ values[b])
-            for i, a in enumerate(COMPONENTS)
-            for b in COMPONENTS[i:]
-        }
-        return cls(cohort, n, {c: float(v.sum()) for c, v in values.items()}, products)
-
-    def product(self, a: str, b: str) -> float:
-        i, j = COMPONENTS.index(a), COMPONENTS.index(b)
-        return self.products[(a, b) if i <= j else (b, a)]
-
-
-@dataclass(frozen=True)
-class ExperimentData:
-    """What ClickHouse returned for one release's canary: both cohorts' moments and counts."""
-
-    start: datetime
-    end: datetime
-    pre_start: datetime
-    canary_version: str
-    baseline_version: str
-    cohorts: dict[str, CohortMoments]
-    crossed_users: int  # users seen in both slots (a weight change moved them): left out
 
 
 class ExperimentFinding(StrEnum):
