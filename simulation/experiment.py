@@ -50,7 +50,8 @@ class PlantedRelease:
     click_lift: float = 0.0
     canary_extra_latency_ms: float = 0.0  # 0: an equal-cost twin
     canary_share: float = 0.5
-    seed: int = 0
+    seed: int = 0  # also names the rows' ids: releases sharing a database need distinct seeds
+    users_from: int | None = None  # the shop's users [users_from, +users); None: a random draw
 
     @property
     def pre_start(self) -> datetime:
@@ -93,7 +94,12 @@ def plant_release(population: Population, release: PlantedRelease) -> PlantedRow
     rng = np.random.default_rng([release.seed, 7919])
     if release.users > len(population.user_age):
         raise ValueError(f"users {release.users} > the shop's {len(population.user_age)} users")
-    users = rng.choice(len(population.user_age), release.users, replace=False)
+    if release.users_from is None:
+        users = rng.choice(len(population.user_age), release.users, replace=False)
+    elif release.users_from + release.users <= len(population.user_age):
+        users = np.arange(release.users_from, release.users_from + release.users)
+    else:
+        raise ValueError(f"users [{release.users_from}, +{release.users}) beyond the shop's")
     canary = rng.random(release.users) < release.canary_share
     periods = [
         _period(population, release, rng, users, canary, release.pre_start, release.start, False),
