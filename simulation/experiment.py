@@ -25,6 +25,7 @@ import pandas as pd
 from clickhouse_connect.driver.client import Client
 
 from logstore.impact import insert_inference_logs, insert_user_sessions
+from simulation.sessions import SessionWorld
 from simulation.shop import DEVICES, USER_ID_OFFSET, Population
 
 BASE_CLICK_LOGIT = -2.2
@@ -42,9 +43,12 @@ class PlantedRelease:
     length: timedelta = timedelta(hours=1)
     pre_length: timedelta = timedelta(hours=1)
     users: int = 1_000
-    sessions_per_user: float = 1.5  # per period, for a user of average activity
-    requests_per_session: float = 3.0
-    candidates: int = 4  # impressions per request
+    # Sessions of a user of average activity: during the canary, and over the (longer)
+    # pre-canary period, whose length the experiment's pre-period setting chooses.
+    sessions_per_user: float = 1.5
+    pre_sessions_per_user: float = 6.0
+    requests_per_session: float = 2.0
+    candidates: int = 3  # impressions per request
     order_lift: float = 0.0
     order_value_lift: float = 0.0
     click_lift: float = 0.0
@@ -101,9 +105,13 @@ def plant_release(population: Population, release: PlantedRelease) -> PlantedRow
     else:
         raise ValueError(f"users [{release.users_from}, +{release.users}) beyond the shop's")
     canary = rng.random(release.users) < release.canary_share
+    # A user's latency level persists (their device and network), as in simulation.sessions.
+    level = np.asarray(SessionWorld().device_latency_ms)[population.user_device[users]]
+    level = level * rng.lognormal(0.0, 0.35, release.users)
+    cohort = (users, canary, level)
     periods = [
-        _period(population, release, rng, users, canary, release.pre_start, release.start, False),
-        _period(population, release, rng, users, canary, release.start, release.end, True),
+        _period(population, release, rng, cohort, release.pre_start, release.start, False),
+        _period(population, release, rng, cohort, release.start, release.end, True),
     ]
     return PlantedRows(*(pd.concat([p[i] for p in periods], ignore_index=True) for i in range(4)))
 
@@ -112,15 +120,16 @@ def _period(
     population: Population,
     release: PlantedRelease,
     rng: np.random.Generator,
-    users: np.ndarray,
-    canary: np.ndarray,
+    cohort: tuple[np.ndarray, np.ndarray, np.ndarray],
     start: datetime,
     end: datetime,
     in_canary: bool,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    users, canary, level = cohort
     span_s = (end - start).total_seconds()
     activity = population.user_activity[users] / population.user_activity.mean()
-    n_sessions = rng.poisson(release.sessions_per_user * activity * span_s / 3_600)
+    per_user = release.sessions_per_user if in_canary else release.pre_sessions_per_user
+    n_sessions = rng.poisson(per_user * activity)
     owner = np.repeat(np.arange(len(users)), n_sessions)  # session -> index into users
     treated = canary[owner] & in_canary
     started_s = rng.uniform(0, span_s, owner.size)
@@ -150,7 +159,8 @@ def _period(
         }
     )
     logs, impressions, feedback = _requests(
-        release, rng, session_ids, user_ids, treated, canary[owner], propensity, started_s, span_s, t0, in_canary
+        release, rng, session_ids, user_ids, treated, canary[owner], propensity, level[owner],
+        started_s, span_s, t0, in_canary,
     )  # fmt: skip
     return logs, impressions, feedback, sessions
 
@@ -163,6 +173,7 @@ def _requests(
     treated: np.ndarray,
     is_canary: np.ndarray,
     propensity: np.ndarray,
+    level: np.ndarray,
     started_s: np.ndarray,
     span_s: float,
     t0: pd.Timestamp,
@@ -179,7 +190,7 @@ def _requests(
         if in_canary
         else np.full(s.size, release.baseline_version)
     )
-    latency = rng.lognormal(np.log(110.0), 0.35, s.size) + np.where(
+    latency = level[s] * rng.lognormal(0.0, 0.25, s.size) + np.where(
         treated[s], release.canary_extra_latency_ms, 0.0
     )
     request_ids = np.char.add(
