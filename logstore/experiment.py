@@ -11,7 +11,7 @@ both (a weight change moved them) is counted and left out. Per user, over the ca
     orders, gmv                   user_sessions started in the window whose requests the
                                   cohort's slot served
 
-and the same sums over the pre-canary period [pre_start, start), from every slot (before the
+and the same sums over the pre-canary period [pre_start, pre_end), from every slot (before the
 canary everyone was on stable): the CUPED covariates. ClickHouse then reduces each cohort to its
 user count, the sum of every component and the sum of every product of two: 91 numbers per
 cohort leave the database whatever the traffic (core/impact/experiment.py works from those).
@@ -69,6 +69,7 @@ class ExperimentData:
     start: datetime
     end: datetime
     pre_start: datetime
+    pre_end: datetime
     canary_version: str
     baseline_version: str
     cohorts: dict[str, CohortMoments]
@@ -79,6 +80,11 @@ _DT = "DateTime64(3, 'UTC')"
 _IN_COHORT = (
     "((slot = 'canary' AND model_version = {canary:String})"
     " OR (slot = 'baseline' AND model_version = {baseline:String}))"
+)
+# The pre-period reads only the cohorts' users: a day of the whole fleet's rows is not needed.
+_COHORT_USERS = (
+    f"user_id IN (SELECT user_id FROM inference_logs "
+    f"WHERE ts >= {{start:{_DT}}} AND ts < {{end:{_DT}}} AND {_IN_COHORT})"
 )
 
 
@@ -111,7 +117,7 @@ WITH per_user AS (
     GROUP BY user_id
 ),
 {_impressions("start", "end", _IN_COHORT, "clicks")},
-{_impressions("pre_start", "start", "1", "pre_clicks")},
+{_impressions("pre_start", "pre_end", _COHORT_USERS, "pre_clicks")},
 shopping AS (
     SELECT user_id, toFloat64(sum(orders)) AS orders, toFloat64(sum(gmv)) AS gmv
     FROM user_sessions
@@ -124,13 +130,13 @@ shopping AS (
 pre_logs AS (
     SELECT user_id, toFloat64(count()) AS requests, toFloat64(sum(latency_ms)) AS latency_sum
     FROM inference_logs
-    WHERE ts >= {{pre_start:{_DT}}} AND ts < {{start:{_DT}}}
+    WHERE ts >= {{pre_start:{_DT}}} AND ts < {{pre_end:{_DT}}} AND {_COHORT_USERS}
     GROUP BY user_id
 ),
 pre_shopping AS (
     SELECT user_id, toFloat64(sum(orders)) AS orders, toFloat64(sum(gmv)) AS gmv
     FROM user_sessions
-    WHERE started_at >= {{pre_start:{_DT}}} AND started_at < {{start:{_DT}}}
+    WHERE started_at >= {{pre_start:{_DT}}} AND started_at < {{pre_end:{_DT}}} AND {_COHORT_USERS}
     GROUP BY user_id
 ),
 users AS (
@@ -168,12 +174,18 @@ def query_experiment(
     pre_start: datetime,
     canary: str,
     baseline: str,
+    pre_end: datetime | None = None,
 ) -> ExperimentData:
-    """Both cohorts' moments over the canary [start, end), with pre-canary covariates from pre_start."""
-    if not pre_start <= start < end:
+    """Both cohorts' moments over [start, end), with covariates from [pre_start, pre_end).
+
+    `pre_end` (default `start`) is the canary's deploy when [start, end) is a later step of it:
+    the covariate must predate any exposure to the candidate.
+    """
+    pre_end = pre_end or start
+    if not pre_start <= pre_end <= start < end:
         raise ValueError(
-            f"need pre_start <= start < end, got {pre_start.isoformat()}, "
-            f"{start.isoformat()}, {end.isoformat()}"
+            f"need pre_start <= pre_end <= start < end, got {pre_start.isoformat()}, "
+            f"{pre_end.isoformat()}, {start.isoformat()}, {end.isoformat()}"
         )
     if not canary or not baseline:
         raise ValueError(f"name both versions, got canary={canary!r} baseline={baseline!r}")
@@ -181,6 +193,7 @@ def query_experiment(
         "start": start,
         "end": end,
         "pre_start": pre_start,
+        "pre_end": pre_end,
         "canary": canary,
         "baseline": baseline,
     }
@@ -198,4 +211,4 @@ def query_experiment(
         sums = dict(zip(COMPONENTS, (float(v) for v in row[2 : 2 + width]), strict=True))
         products = dict(zip(_PAIRS, (float(v) for v in row[2 + width :]), strict=True))
         cohorts[name] = CohortMoments(name, users, sums, products)
-    return ExperimentData(start, end, pre_start, canary, baseline, cohorts, crossed)
+    return ExperimentData(start, end, pre_start, pre_end, canary, baseline, cohorts, crossed)

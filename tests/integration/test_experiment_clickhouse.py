@@ -144,5 +144,5 @@ def test_a_user_served_by_both_slots_is_counted_and_left_out(client) -> None:
 
 
 def test_experiment_query_refuses_a_window_that_ends_before_it_starts(client) -> None:
-    with pytest.raises(ValueError, match="pre_start <= start < end"):
+    with pytest.raises(ValueError, match="pre_start <= pre_end <= start < end"):
         query_experiment(client, NOW, NOW - timedelta(hours=1), NOW, "a", "b")

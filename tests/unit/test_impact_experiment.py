@@ -49,7 +49,7 @@ def users(rng: np.random.Generator, n: int, order_lift: float = 0.0) -> dict[str
 
 def data(canary: CohortMoments, baseline: CohortMoments) -> ExperimentData:
     return ExperimentData(
-        START, START + timedelta(hours=1), START - timedelta(hours=1), "v-new", "v-old",
+        START, START + timedelta(hours=1), START - timedelta(hours=1), START, "v-new", "v-old",
         {CANARY: canary, BASELINE: baseline}, crossed_users=0,
     )  # fmt: skip
 
