@@ -180,18 +180,61 @@ def time_query_10m(client: Any, rows_target: int) -> dict[str, Any]:
             "rows_10m": written, "users_10m": users}  # fmt: skip
 
 
-def time_history(workdir: Path, releases: int = 100) -> dict[str, Any]:
-    """Store `releases` experiments in a fresh model store and time building the history page."""
-    from core.impact.history import build_history, synthetic_history_records
-    from core.impact.storage import store_experiment
-    from model_store.local import LocalModelStore  # noqa: F401 - the store backend the demo uses
-    from model_store import open_store
-    from relay.settings import Settings
+def _history_store(workdir: Path, releases: int) -> Any:
+    """A fresh local model store with `releases` versions, each with an experiment and a report."""
+    import numpy as np
 
-    settings = Settings(home=workdir / "home")
-    store = open_store(settings)
-    for record in synthetic_history_records(releases, NOW):
-        store_experiment(store, record, attach_to=None)
+    from core.impact.experiment import estimate_experiment
+    from core.impact.experiment_types import ExperimentOptions
+    from core.impact.storage import REPORT_KIND, store_experiment
+    from core.impact.types import ImpactFinding, ImpactWindow, StoredImpactReport
+    from logstore.experiment import CohortMoments, ExperimentData
+    from model_store import ModelStore
+    from model_store.local import LocalBackend
+    from relay.types import LineageId, VersionManifest
+
+    store = ModelStore(LocalBackend(workdir / "history-store"))
+    rng = np.random.default_rng(0)
+    page = workdir / "report.html"
+    for i in range(releases):
+        version = f"v{i:04d}"
+        digest = f"{i:064x}"
+        lineage = LineageId(model=digest, data=digest, env=digest, build=digest)
+        store.publish(VersionManifest(version=version, created_at=NOW, lineage=lineage,
+                                      lineage_id=str(lineage)))  # fmt: skip
+        cohorts = {}
+        for name in ("canary", "baseline"):
+            orders = rng.poisson(2.0, 500).astype(float)
+            cohorts[name] = CohortMoments.from_users(name, {
+                "orders": orders, "pre_orders": orders + rng.poisson(1.0, 500),
+                "gmv": 40 * orders, "pre_gmv": 40 * orders, "impressions": np.full(500, 20.0),
+                "clicked": rng.binomial(20, 0.1, 500).astype(float), "requests": np.full(500, 4.0),
+                "latency_sum": rng.normal(480, 40, 500),
+            })  # fmt: skip
+        start = NOW + timedelta(hours=i)
+        data = ExperimentData(start, start + timedelta(minutes=30), start - timedelta(days=1),
+                              start, version, "base", cohorts, 0)  # fmt: skip
+        store_experiment(store, estimate_experiment(
+            data, (f"release-{i}", version, str(lineage), "promoted"), ExperimentOptions(), NOW
+        ))  # fmt: skip
+        page.write_text(f"<html><body>report {i}</body></html>")
+        blob = store.put_blob(page)
+        record = StoredImpactReport(
+            report_id=f"r{i}", created_at=start, attached_to=version, record_key="-",
+            window=ImpactWindow(start=start, end=start + timedelta(minutes=30)), versions=[version],
+            finding=ImpactFinding.effect_detected, headline="-", blobs={"report.html": blob},
+            html_url=store.locate_blob(blob), json_url="-", elasticity=-0.05,
+            elasticity_ci=(-0.06, -0.04),
+        )  # fmt: skip
+        store.put_attachment(version, REPORT_KIND, f"r{i}", record.model_dump_json().encode())
+    return store
+
+
+def time_history(workdir: Path, releases: int = 100) -> dict[str, Any]:
+    """Time building the history page (rows read from the store, HTML, markdown) for `releases`."""
+    from core.impact.history import build_history
+
+    store = _history_store(workdir, releases)
     started = time.perf_counter()
     page = build_history(store, NOW)
     elapsed = time.perf_counter() - started

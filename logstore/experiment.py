@@ -22,9 +22,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
-from clickhouse_connect.driver.client import Client
+
+if TYPE_CHECKING:  # the moments' types are read by the CLI, which must not import ClickHouse
+    from clickhouse_connect.driver.client import Client
 
 CANARY = "canary"
 BASELINE = "baseline"

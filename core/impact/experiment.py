@@ -29,8 +29,6 @@ from core.impact.experiment_types import (
     BASELINE,
     CANARY,
     METRICS,
-    CohortMoments,
-    ExperimentData,
     ExperimentFinding,
     ExperimentOptions,
     MetricEffect,
@@ -38,6 +36,7 @@ from core.impact.experiment_types import (
     ReleaseExperiment,
     SampleRatio,
 )
+from logstore.experiment import CohortMoments, ExperimentData
 
 METHOD = (
     "Canary vs baseline users (sticky hashed cohorts of equal share): per-user delta-method "
@@ -216,6 +215,7 @@ def estimate_experiment(
     options: ExperimentOptions,
     now: datetime,
     srm_event: SampleRatio | None = None,
+    period_note: str = "",
 ) -> ReleaseExperiment:
     """The release's experiment: every metric's effect, the sample-ratio check and the finding.
 
@@ -239,6 +239,8 @@ def estimate_experiment(
     detected = holm_detected(effects, 1 - options.confidence)
     effects = [m.model_copy(update={"detected": m.key in detected}) for m in effects]
     statements = [describe_effect(m) for m in effects]
+    if period_note:
+        statements.append(f"The comparison is {period_note}.")
     period = f"{(data.end - data.start).total_seconds() / 60:.1f}-minute canary"
     who = f"{users[0]:,} canary and {users[1]:,} baseline users"
     if not ratio.passed:

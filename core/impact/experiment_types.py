@@ -2,8 +2,9 @@
 
 Canary and baseline users are hashed sticky into cohorts of equal share, so comparing them is a
 randomized experiment. ClickHouse reduces each cohort's per-user sums to their first and second
-moments (logstore/experiment.py); the estimator (core/impact/experiment.py) works from those
-alone, so nothing per user leaves the database.
+moments (logstore/experiment.py: `CohortMoments`, `ExperimentData`); the estimator
+(core/impact/experiment.py) works from those alone, so nothing per user leaves the database.
+This module imports neither ClickHouse nor pandas: the CLI reads stored experiments with it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from logstore.experiment import BASELINE, CANARY, COMPONENTS, CohortMoments, ExperimentData
 from relay.types import Stored
 
-# What ClickHouse returns (logstore/experiment.py), named here beside the estimate's own types.
-__all__ = ["BASELINE", "CANARY", "COMPONENTS", "CohortMoments", "ExperimentData"]
-
+# The cohorts' slot names, as serving/routing.py names them (logstore.experiment reads them).
+CANARY = "canary"
+BASELINE = "baseline"
 COHORTS = (CANARY, BASELINE)
 
 
@@ -70,6 +70,8 @@ class ExperimentOptions(Stored, frozen=True):
     srm_alpha: float = Field(default=0.001, gt=0.0, lt=0.5)
     min_users_per_cohort: int = Field(default=20, ge=2)
     canary_share: float = Field(default=0.5, gt=0.0, lt=1.0)  # canary / (canary + baseline)
+    # The covariate period before the canary's deploy: a day covers the daily cycle.
+    pre_period_h: float = Field(default=24.0, gt=0.0, le=24 * 28)
 
 
 class MetricEffect(Stored):

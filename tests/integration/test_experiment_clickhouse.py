@@ -16,11 +16,10 @@ from core.impact.experiment import estimate_experiment
 from core.impact.experiment_types import (
     BASELINE,
     CANARY,
-    COMPONENTS,
     ExperimentFinding,
     ExperimentOptions,
 )
-from logstore.experiment import query_experiment
+from logstore.experiment import COMPONENTS, query_experiment
 from simulation.experiment import PlantedRelease, insert_planted, plant_release
 from simulation.shop import ShopConfig, make_population
 

@@ -12,11 +12,10 @@ from core.impact.experiment_types import (
     BASELINE,
     CANARY,
     METRICS,
-    CohortMoments,
-    ExperimentData,
     ExperimentFinding,
     ExperimentOptions,
 )
+from logstore.experiment import CohortMoments, ExperimentData
 
 START = datetime(2026, 3, 2, 12, tzinfo=UTC)
 OPTIONS = ExperimentOptions()
