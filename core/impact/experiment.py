@@ -159,14 +159,15 @@ def estimate_metric(
 def holm_detected(effects: list[MetricEffect], alpha: float) -> set[str]:
     """Keys of the business metrics that Holm's step-down keeps significant at family-wise alpha."""
     tested = sorted(
-        (m for m in effects if m.measured and m.p_value is not None and _is_business(m.key)),
-        key=lambda m: m.p_value or 1.0,
+        (m.p_value, m.key)
+        for m in effects
+        if m.measured and m.p_value is not None and _is_business(m.key)
     )
     detected: set[str] = set()
-    for rank, m in enumerate(tested):
-        if (m.p_value or 1.0) > alpha / (len(tested) - rank):
+    for rank, (p, key) in enumerate(tested):
+        if p > alpha / (len(tested) - rank):
             break
-        detected.add(m.key)
+        detected.add(key)
     return detected
 
 
