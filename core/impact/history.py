@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from core.impact.experiment_types import METRICS, ExperimentFinding, ReleaseExperiment
 from core.impact.kinds import EXPERIMENT_KIND, HISTORY_KIND, REPORT_KIND
+from core.impact.pages import PAGES, publish_page
 from model_store import ModelStore
 from relay.types import Stored
 
@@ -27,6 +28,7 @@ class ReportLink(BaseModel):
 
     created_at: datetime
     html_url: str
+    page_url: str | None = None
     elasticity: float | None = None
     elasticity_ci: tuple[float, float] | None = None
 
@@ -70,7 +72,7 @@ def read_history_rows(store: ModelStore) -> list[HistoryRow]:
             rows.append(
                 HistoryRow(
                     experiment=experiment,
-                    report_url=latest.html_url if latest else None,
+                    report_url=(latest.page_url or latest.html_url) if latest else None,
                     elasticity=latest.elasticity if latest else None,
                     elasticity_ci=latest.elasticity_ci if latest else None,
                 )
@@ -242,11 +244,11 @@ def store_history_page(store: ModelStore, page: HistoryPage) -> str:
     """File the page beside the store (write-once, named by time and content); its address."""
     data = page.html.encode()
     name = f"{page.generated_at:%Y%m%dT%H%M%S%fZ}-{len(page.rows)}"
-    attachment = store.put_attachment(None, HISTORY_KIND, name, data)
-    return store.locate_blob(attachment.content)
+    store.put_attachment(None, HISTORY_KIND, name, data)
+    return publish_page(store, HISTORY_KIND, name, page.html)
 
 
 def latest_history_url(store: ModelStore) -> str | None:
     """The address of the most recently filed history page, if any."""
     pages = store.list_attachments(None, HISTORY_KIND)
-    return store.locate_blob(pages[-1].content) if pages else None
+    return store.backend.locate(f"{PAGES}/{HISTORY_KIND}/{pages[-1].name}.html") if pages else None

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from core.impact.experiment_types import ReleaseExperiment
 from core.impact.kinds import EXPERIMENT_KIND, REPORT_KIND
+from core.impact.pages import publish_page
 from core.impact.types import ImpactReport, StoredImpactReport
 from model_store import ModelStore
 from model_store.attachments import Attachment, attachment_key
@@ -44,6 +45,7 @@ def store_report_files(
         blobs=blobs,
         html_url=store.locate_blob(blobs["report.html"]),
         json_url=store.locate_blob(blobs["report.json"]),
+        page_url=publish_page(store, REPORT_KIND, report_id, html_path.read_text(encoding="utf-8")),
         elasticity=report.causal.value if report.causal else None,
         elasticity_ci=(report.causal.ci_low, report.causal.ci_high) if report.causal else None,
     )
