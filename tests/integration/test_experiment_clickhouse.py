@@ -19,9 +19,14 @@ from core.impact.experiment_types import (
     ExperimentFinding,
     ExperimentOptions,
 )
+from core.impact.storage import list_experiments
 from logstore.experiment import COMPONENTS, query_experiment
+from logstore.release_events import ReleaseEvent, record_event
+from model_store import open_store
+from relay.types import LineageId, Release, ReleaseOutcome, VersionManifest
 from simulation.experiment import PlantedRelease, insert_planted, plant_release
 from simulation.shop import ShopConfig, make_population
+from tasks.impact import measure_release_experiment
 
 POPULATION = make_population(ShopConfig())
 NOW = datetime(2034, 2, 1, tzinfo=UTC)
@@ -145,3 +150,36 @@ def test_a_user_served_by_both_slots_is_counted_and_left_out(client) -> None:
 def test_experiment_query_refuses_a_window_that_ends_before_it_starts(client) -> None:
     with pytest.raises(ValueError, match="pre_start <= pre_end <= start < end"):
         query_experiment(client, NOW, NOW - timedelta(hours=1), NOW, "a", "b")
+
+
+def test_release_experiment_task_reads_the_last_step_and_files_it_beside_the_version(
+    client, settings
+) -> None:
+    release = planted("xq5", 11, order_lift=0.25)
+    insert_planted(client, plant_release(POPULATION, release))
+    lineage = LineageId(model="a" * 64, data="b" * 64, env="c" * 64, build="d" * 64)
+    store = open_store(settings)
+    store.publish(
+        VersionManifest(
+            version="xq5-cand", created_at=NOW, lineage=lineage, lineage_id=str(lineage)
+        )
+    )
+    rel = Release("rel-xq5", "xq5-cand", str(lineage))
+    for kind, ts, details in (
+        ("deploy", release.start, {}),
+        ("weight", release.start, {"weight": 50}),
+        ("promote", release.end, {}),
+    ):
+        record_event(
+            client,
+            ReleaseEvent(
+                rel.release_id, rel.version, rel.lineage_id, kind, "passed", "", details, ts
+            ),  # fmt: skip
+        )
+    experiment = measure_release_experiment.fn(settings, rel, "xq5-base", ReleaseOutcome.promoted)
+    assert list_experiments(store, "xq5-cand") == [experiment]
+    assert (experiment.start, experiment.end) == (release.start, release.end)
+    assert experiment.finding is ExperimentFinding.effect_detected, experiment.headline
+    orders = experiment.metric("orders_per_user")
+    assert orders is not None and orders.covers_relative(0.25)
+    assert any("last step (50 %" in s for s in experiment.statements)
