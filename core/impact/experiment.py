@@ -7,7 +7,10 @@ Method (every metric is a ratio of per-user sums; per-user metrics have the cons
 - CUPED (Deng, Xu, Kohavi, Walker, WSDM 2013): the covariate X_i is the same metric linearised
   over the user's pre-canary period (0 for a user with none there, i.e. at the mean); theta is
   the pooled within-cohort Cov(L, X) / Var(X), so the adjustment −θ(X̄_cohort − X̄) is unbiased
-  because the canary cannot have changed what users did before it.
+  because the canary cannot have changed what users did before it. With `covariates="all"`
+  (the default) X is every metric's pre-canary value and theta the pooled within-cohort least
+  squares (regression adjustment, Lin 2013): a user's pre-canary orders also predict their GMV,
+  and never raise the asymptotic variance; "own" is CUPED with the single covariate.
 - Intervals: normal, at `confidence`, on the absolute and (delta method) relative effect.
 - MDE: (z_{1−α/2} + z_power) × SE, the effect the test would detect with that power.
 - "Effect detected" for the release: Holm's correction across the business metrics, so with no
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+import numpy as np
 from scipy import stats
 
 from core.impact.experiment_types import (
@@ -36,7 +40,7 @@ from core.impact.experiment_types import (
     ReleaseExperiment,
     SampleRatio,
 )
-from logstore.experiment import CohortMoments, ExperimentData
+from logstore.experiment import COMPONENTS, CohortMoments, ExperimentData
 
 METHOD = (
     "Canary vs baseline users (sticky hashed cohorts of equal share): per-user delta-method "
@@ -76,25 +80,32 @@ def sample_ratio(canary_users: int, baseline_users: int, share: float, alpha: fl
     )  # fmt: skip
 
 
-def _moments(c: CohortMoments, num: str, den: str, xnum: str, xden: str, rp: float, nbar_p: float):
-    """(R, N̄, Var L, ΣX, Var X, Cov(L, X)) of one cohort, from its sums and products."""
-    n = c.users
-    s_num, s_den = c.sums[num], c.sums[den]
-    ratio = s_num / s_den
-    nbar = s_den / n
-    sum_l2 = c.product(num, num) - 2 * ratio * c.product(num, den) + ratio**2 * c.product(den, den)
-    var_l = max(sum_l2, 0.0) / nbar**2 / (n - 1)
-    sum_x = (c.sums[xnum] - rp * c.sums[xden]) / nbar_p
-    sum_x2 = (
-        c.product(xnum, xnum) - 2 * rp * c.product(xnum, xden) + rp**2 * c.product(xden, xden)
-    ) / nbar_p**2
-    var_x = max(sum_x2 - sum_x**2 / n, 0.0) / (n - 1)
-    sum_lx = (
-        c.product(num, xnum) - rp * c.product(num, xden) - ratio * c.product(den, xnum)
-        + ratio * rp * c.product(den, xden)
-    ) / (nbar * nbar_p)  # fmt: skip
-    cov_lx = sum_lx / (n - 1)  # ΣL = 0 by construction
-    return ratio, nbar, var_l, sum_x, var_x, cov_lx
+def _matrices(c: CohortMoments) -> tuple[np.ndarray, np.ndarray]:
+    """The cohort's component sums S and centred scatter C = Σ z zᵀ − S Sᵀ / n."""
+    sums = np.array([c.sums[x] for x in COMPONENTS])
+    products = np.array([[c.product(x, y) for y in COMPONENTS] for x in COMPONENTS])
+    return sums, products - np.outer(sums, sums) / c.users
+
+
+def _linearised(numerator: str, denominator: str, ratio: float, nbar: float) -> np.ndarray:
+    """Coefficients over COMPONENTS of the per-user (Y − R N) / N̄ (the delta method)."""
+    form = np.zeros(len(COMPONENTS))
+    form[COMPONENTS.index(numerator)] += 1 / nbar
+    form[COMPONENTS.index(denominator)] -= ratio / nbar
+    return form
+
+
+def _covariates(spec: MetricSpec, cohorts: tuple[CohortMoments, ...], every: bool) -> np.ndarray:
+    """The pre-canary covariates as columns: the metric's own (CUPED), or every metric's."""
+    columns = []
+    for other in (spec, *(m for m in METRICS if m is not spec)) if every else (spec,):
+        num, den = other.pre_numerator, other.pre_denominator
+        pre_den = sum(c.sums[den] for c in cohorts)
+        if pre_den <= 0:
+            continue
+        ratio = sum(c.sums[num] for c in cohorts) / pre_den  # pooled: the same in both cohorts
+        columns.append(_linearised(num, den, ratio, pre_den / sum(c.users for c in cohorts)))
+    return np.array(columns).T if columns else np.zeros((len(COMPONENTS), 0))
 
 
 def estimate_metric(
@@ -115,23 +126,29 @@ def estimate_metric(
         return MetricEffect(
             **base, measured=False, reason=f"not measured: no {spec.numerator} in either cohort"
         )
-    xnum, xden = spec.pre_numerator, spec.pre_denominator
-    pre_den = canary.sums[xden] + baseline.sums[xden]
-    rp = (canary.sums[xnum] + baseline.sums[xnum]) / pre_den if pre_den > 0 else 0.0
-    nbar_p = pre_den / (canary.users + baseline.users) if pre_den > 0 else 1.0
-    args = (spec.numerator, spec.denominator, xnum, xden, rp, nbar_p)
-    r_c, _, vl_c, sx_c, vx_c, cov_c = _moments(canary, *args)
-    r_b, _, vl_b, sx_b, vx_b, cov_b = _moments(baseline, *args)
-    n_c, n_b = canary.users, baseline.users
-    pooled_var_x = (n_c - 1) * vx_c + (n_b - 1) * vx_b
-    has_pre = pooled_var_x > 0  # no user did anything before the canary: nothing to adjust by
-    theta = ((n_c - 1) * cov_c + (n_b - 1) * cov_b) / pooled_var_x if has_pre else 0.0
-    x_bar = (sx_c + sx_b) / (n_c + n_b)
-    adj_c = r_c - theta * (sx_c / n_c - x_bar)
-    adj_b = r_b - theta * (sx_b / n_b - x_bar)
-    v_c = max(vl_c - 2 * theta * cov_c + theta**2 * vx_c, 0.0) / n_c
-    v_b = max(vl_b - 2 * theta * cov_b + theta**2 * vx_b, 0.0) / n_b
-    raw_var = vl_c / n_c + vl_b / n_b
+    cohorts = (canary, baseline)
+    mats = [_matrices(c) for c in cohorts]
+    ratios = [c.sums[spec.numerator] / c.sums[spec.denominator] for c in cohorts]
+    forms = [
+        _linearised(spec.numerator, spec.denominator, r, c.sums[spec.denominator] / c.users)
+        for r, c in zip(ratios, cohorts, strict=True)
+    ]
+    x = _covariates(spec, cohorts, options.covariates == "all")
+    x = x[:, [j for j in range(x.shape[1]) if sum(x[:, j] @ m[1] @ x[:, j] for m in mats) > 0]]
+    cxx = sum(x.T @ m[1] @ x for m in mats)
+    cxy = sum(x.T @ m[1] @ f for m, f in zip(mats, forms, strict=True))
+    has_pre = x.shape[1] > 0  # no user did anything before the canary: nothing to adjust by
+    theta = np.linalg.lstsq(cxx, cxy, rcond=None)[0] if has_pre else np.zeros(0)
+    x_bar = x.T @ (mats[0][0] + mats[1][0]) / (canary.users + baseline.users)
+    adjusted, variances, raw = [], [], []
+    for (sums, scatter), form, ratio, c in zip(mats, forms, ratios, cohorts, strict=True):
+        resid = form - x @ theta
+        adjusted.append(ratio - float(theta @ (x.T @ sums / c.users - x_bar)))
+        variances.append(max(float(resid @ scatter @ resid), 0.0) / (c.users - 1) / c.users)
+        raw.append(max(float(form @ scatter @ form), 0.0) / (c.users - 1) / c.users)
+    adj_c, adj_b = adjusted
+    v_c, v_b = variances
+    raw_var = sum(raw)
     effect, se = adj_c - adj_b, math.sqrt(v_c + v_b)
     z = float(stats.norm.ppf(0.5 + options.confidence / 2))
     mde = (z + float(stats.norm.ppf(options.power))) * se
@@ -145,13 +162,14 @@ def estimate_metric(
         **base,
         measured=True,
         reason="" if has_pre else "no pre-canary data: CUPED adds nothing, the raw difference stands",
-        canary_mean=r_c, baseline_mean=r_b, effect=effect,
+        canary_mean=ratios[0], baseline_mean=ratios[1], effect=effect,
         ci_low=effect - z * se, ci_high=effect + z * se,
         relative=relative,
         relative_ci_low=None if relative is None else relative - z * rel_se,
         relative_ci_high=None if relative is None else relative + z * rel_se,
         p_value=p, mde=mde, relative_mde=rel_mde,
-        raw_effect=r_c - r_b, raw_std_error=math.sqrt(raw_var), std_error=se, theta=theta,
+        raw_effect=ratios[0] - ratios[1], raw_std_error=math.sqrt(raw_var), std_error=se,
+        theta=[float(t) for t in theta],
         variance_reduction=1 - (v_c + v_b) / raw_var if raw_var > 0 else None,
     )  # fmt: skip
 

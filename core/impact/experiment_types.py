@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field
 
@@ -72,6 +73,8 @@ class ExperimentOptions(Stored, frozen=True):
     canary_share: float = Field(default=0.5, gt=0.0, lt=1.0)  # canary / (canary + baseline)
     # The covariate period before the canary's deploy: a day covers the daily cycle.
     pre_period_h: float = Field(default=24.0, gt=0.0, le=24 * 28)
+    # CUPED's covariates: every metric's pre-canary value ("all"), or the metric's own ("own").
+    covariates: Literal["all", "own"] = "all"
 
 
 class MetricEffect(Stored):
@@ -96,7 +99,7 @@ class MetricEffect(Stored):
     raw_effect: float | None = None  # without CUPED
     raw_std_error: float | None = None
     std_error: float | None = None
-    theta: float | None = None
+    theta: list[float] = Field(default_factory=list)  # per covariate, own metric's first
     variance_reduction: float | None = None  # 1 − Var(CUPED) / Var(raw)
     detected: bool = False  # significant after Holm's correction across the business metrics
 

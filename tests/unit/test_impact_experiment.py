@@ -60,7 +60,7 @@ def test_cuped_matches_regression_adjustment_and_removes_the_explained_variance(
         SPEC["orders_per_user"],
         CohortMoments.from_users(CANARY, c),
         CohortMoments.from_users(BASELINE, b),
-        OPTIONS,
+        ExperimentOptions(covariates="own"),
     )
     # The known answer by hand: theta = pooled within-cohort slope of orders on pre_orders.
     xc, xb = c["pre_orders"] - c["pre_orders"].mean(), b["pre_orders"] - b["pre_orders"].mean()
@@ -70,13 +70,51 @@ def test_cuped_matches_regression_adjustment_and_removes_the_explained_variance(
     adjusted = (c["orders"].mean() - theta * (c["pre_orders"].mean() - x_bar)) - (
         b["orders"].mean() - theta * (b["pre_orders"].mean() - x_bar)
     )
-    assert effect.theta == pytest.approx(theta, rel=1e-9)
+    assert effect.theta == [pytest.approx(theta, rel=1e-9)]
     assert effect.effect == pytest.approx(adjusted, rel=1e-9)
     # corr(pre, during) = 9 / 10 here, so CUPED removes about rho² = 81 % of the variance.
     assert effect.variance_reduction == pytest.approx(0.81, abs=0.03)
     assert effect.covers_relative(0.03)
     assert effect.raw_std_error is not None and effect.std_error is not None
     assert effect.std_error < 0.5 * effect.raw_std_error
+
+
+def test_cuped_with_every_pre_canary_metric_is_pooled_least_squares() -> None:
+    """covariates="all": theta is the within-cohort OLS of GMV on every pre-canary metric."""
+    rng = np.random.default_rng(9)
+    c, b = users(rng, 3_000), users(rng, 3_000)
+    effect = estimate_metric(
+        SPEC["gmv_per_user"],
+        CohortMoments.from_users(CANARY, c),
+        CohortMoments.from_users(BASELINE, b),
+        ExperimentOptions(covariates="all"),
+    )
+
+    def covariates(u: dict[str, np.ndarray]) -> np.ndarray:
+        pooled = {k: c[k].sum() + b[k].sum() for k in c}
+        ctr = (
+            u["pre_clicked"]
+            - pooled["pre_clicked"] / pooled["pre_impressions"] * u["pre_impressions"]
+        )
+        lat = (
+            u["pre_latency_sum"]
+            - pooled["pre_latency_sum"] / pooled["pre_requests"] * u["pre_requests"]
+        )
+        return np.column_stack([u["pre_gmv"], ctr, u["pre_orders"], lat])
+
+    xs = [covariates(u) - covariates(u).mean(axis=0) for u in (c, b)]
+    ys = [u["gmv"] - u["gmv"].mean() for u in (c, b)]
+    slope = np.linalg.lstsq(np.vstack(xs), np.concatenate(ys), rcond=None)[0]
+    # the same fit up to each covariate's scale (the estimator divides by the mean denominator)
+    assert effect.theta[0] == pytest.approx(slope[0], rel=1e-6)
+    assert effect.theta[2] == pytest.approx(slope[2], rel=1e-6)
+    own = estimate_metric(
+        SPEC["gmv_per_user"],
+        CohortMoments.from_users(CANARY, c),
+        CohortMoments.from_users(BASELINE, b),
+        ExperimentOptions(covariates="own"),
+    )
+    assert effect.variance_reduction >= own.variance_reduction - 1e-9
 
 
 def test_ratio_metric_interval_is_clustered_by_user() -> None:
@@ -129,9 +167,9 @@ def test_experiment_with_planted_order_lift_is_detected_and_says_so_in_words() -
     assert orders.covers_relative(0.05)
     assert f"orders per user by {orders.relative * 100:+.1f} %" in experiment.headline
     assert any("not a forecast for a day or a year" in a for a in experiment.assumptions)
-    clicks = experiment.metric("click_through")
-    assert clicks is not None and not clicks.detected
-    assert "would have been detected" in experiment.statements[0]
+    latency = experiment.metric("latency_ms")  # nothing planted there
+    assert latency is not None and latency.covers_relative(0.0) and not latency.detected
+    assert "would have been detected" in experiment.statements[3]
 
 
 def test_a_metric_with_no_events_is_not_measured_rather_than_zero() -> None:
