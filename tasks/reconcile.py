@@ -39,7 +39,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, State, StateType
 
 import logstore
-from logstore.release_events import last_release_of
+from logstore.release_events import ActionVerdict, EventKind, last_release_of
 from relay.settings import Settings, get_settings
 from relay.types import GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult, WorkerResult
@@ -205,8 +205,8 @@ def reconcile_fleet(
         record(
             settings,
             owner,
-            "reconcile",
-            "repaired" if result.ok else "error",
+            EventKind.reconcile,
+            ActionVerdict.repaired if result.ok else ActionVerdict.error,
             f"release guard {guard.release_id}: {repair.action.value}: {repair.reason}"
             + ("" if result.ok else f" (failed: {result.reason})"),
             action=repair.action.value,
@@ -215,7 +215,7 @@ def reconcile_fleet(
         if not result.ok:
             failed.append(repair.reason)
     for problem in plan.problems:
-        record(settings, guard, "reconcile", Verdict.error.value, problem)
+        record(settings, guard, EventKind.reconcile, Verdict.error, problem)
     gate = reconciliation_verdict(plan, failed)
     create_markdown_artifact(
         key="fleet-reconciliation",
@@ -243,8 +243,8 @@ def take_out_canary_of_dead_release(flow: Flow[Any, Any], flow_run: FlowRun, sta
             record(
                 settings,
                 owner,
-                "crashed",
-                "done" if result.ok else "partial",
+                EventKind.crashed,
+                ActionVerdict.done if result.ok else ActionVerdict.partial,
                 f"release run {flow_run.name} ended {state.type.value}"
                 f" ({state.message or 'no message'}): its canary {canary} taken out by the "
                 f"flow's hook; champion unchanged",
@@ -261,7 +261,9 @@ def _apply(fleet: FleetClient, repair: PlannedRepair, champion: str | None) -> F
 
 def _owner_of(settings: Settings, canary: str) -> Release | None:
     """The release that deployed `canary` to the fleet, from its own `deploy` event."""
-    found = last_release_of(logstore.connect(settings.resolved_clickhouse_dsn), canary, "deploy")
+    found = last_release_of(
+        logstore.connect(settings.resolved_clickhouse_dsn), canary, EventKind.deploy
+    )
     return (
         None if found is None else Release(found.release_id, found.model_version, found.lineage_id)
     )

@@ -4,6 +4,9 @@ The CLI (`relay impact history`) reads them without pandas or ClickHouse, so the
 here rather than beside the heavier code that writes them.
 """
 
-REPORT_KIND = "impact-report"  # one per impact report, beside the version it covers
+from model_store.impact_records import REPORT_KIND  # one per impact report, beside its version
+
+__all__ = ["REPORT_KIND", "EXPERIMENT_KIND", "HISTORY_KIND"]
+
 EXPERIMENT_KIND = "experiment"  # one per release, beside its version, named by the release id
 HISTORY_KIND = "impact-history"  # each built history page, beside the store
