@@ -50,6 +50,7 @@ from tasks.canary_plan import plan_canary_steps
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
+from tasks.impact import measure_release_experiment, publish_impact_history
 from tasks.lineage import compute_lineage
 from tasks.reconcile import take_out_canary_of_dead_release
 from tasks.registry import register_candidate
@@ -135,12 +136,18 @@ def retrain_and_release(
     stable = read_fleet_stable(settings)
     if stable is None:
         deploy_first_release(settings, release)
+        # filed as "no experiment" (no baseline), so the history lists every release
+        measure_release_experiment(
+            settings, release, None, ReleaseOutcome.promoted, return_state=True
+        )
+        history = publish_impact_history(settings, return_state=True)
         return finish_release(
             settings,
             summary,
             release,
             ReleaseOutcome.promoted,
             "first release: no stable to canary against, deployed as stable",
+            history_url=history.result() if history.is_completed() else None,
         )
     if stable == release.version:
         return finish_release(
@@ -201,6 +208,8 @@ def retrain_and_release(
         explained = explain_canary_rejection(settings, release, stable, rejected.gate)
         outcome, reason = ReleaseOutcome.rolled_back, explained.reason
 
+    # canary vs baseline: the release's randomized effect, filed before the report shows it
+    measure_release_experiment(settings, release, stable, outcome, return_state=True)
     if impact_report_after:  # what the canary's latency cost, over the canary's own window
         start, end = canary_period(settings, release)
         impact_report(
@@ -215,4 +224,12 @@ def retrain_and_release(
             seed=impact.seed,
             return_state=True,
         )
-    return finish_release(settings, summary, release, outcome, reason)
+    history = publish_impact_history(settings, return_state=True)
+    return finish_release(
+        settings,
+        summary,
+        release,
+        outcome,
+        reason,
+        history_url=history.result() if history.is_completed() else None,
+    )

@@ -56,3 +56,8 @@ class StoredImpactReport(Stored):
     blobs: dict[str, BlobRef]
     html_url: str
     json_url: str
+    page_url: str | None = None  # the HTML again as pages/impact-report/<id>.html, for browsers
+    # The causal latency elasticity (GMV per session per ms) and its 95 % interval, so the
+    # impact history reads it without opening every report; None in records filed before.
+    elasticity: float | None = None
+    elasticity_ci: tuple[float, float] | None = None

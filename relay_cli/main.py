@@ -7,11 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from relay.errors import RelayError
-from relay_cli import demo, store
+from relay_cli import demo, impact, store
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`relay demo|seed|lineage|alias|store`, each subcommand bound to the function it runs."""
+    """`relay demo|seed|lineage|alias|store|impact`, each subcommand bound to the function it runs."""
     parser = argparse.ArgumentParser(
         prog="relay",
         description="Relay: the demo, seeding, and read-only looks into the model store.",
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo.add_commands(sub)
     store.add_commands(sub)
+    impact.add_commands(sub)
     return parser
 
 

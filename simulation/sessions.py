@@ -46,6 +46,9 @@ class SessionWorld:
     avg_order_value: float = 40.0
     order_value_shape: float = 2.0  # gamma shape of one order's value
     device_share: tuple[float, float, float] = (0.3, 0.35, 0.35)
+    # GMV per unit of feed quality above an unranked feed (simulation.shoppers.feed_quality):
+    # the hidden reward for ranking well. Additive, so latency's planted effect is unchanged.
+    gmv_per_feed_quality: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,14 @@ def session_outcomes(
     rng: np.random.Generator,
     effect: float,
     world: SessionWorld | None = None,
+    feed_quality: np.ndarray | None = None,
 ) -> SessionOutcomes:
     """Session length, orders and GMV for sessions that experienced `latency_ms` (mean per session).
 
     `device` holds codes 0 web, 1 ios, 2 android. `effect` is the total causal effect of +1 ms on
     expected GMV; it flows entirely through session length, so effect=0 means latency changes
-    nothing downstream.
+    nothing downstream. `feed_quality` (1 = an unranked feed, the default) adds
+    `gmv_per_feed_quality` per unit above 1: what the session's feeds were worth.
     """
     world = world or SessionWorld()
     latency_ms = np.asarray(latency_ms, dtype=np.float64)
@@ -124,6 +129,10 @@ def session_outcomes(
         + world.gmv_per_year_of_age * (user_age - world.mean_age)
         + world.gmv_per_session_s * length
     )
+    if feed_quality is not None:
+        expected_gmv = expected_gmv + world.gmv_per_feed_quality * (
+            np.asarray(feed_quality, dtype=np.float64) - 1.0
+        )
     expected_gmv = np.maximum(expected_gmv, 0.0)
     # Orders arrive as a Poisson count and each has a gamma-distributed value, so
     # E[gmv | inputs] = expected_gmv exactly while single sessions stay realistically lumpy.

@@ -83,3 +83,15 @@ def feedback_body(
                 }
             )
     return {"request_id": request_id, "events": events} if events else None
+
+
+def feed_quality(population: Population, body: dict[str, Any], scores: Sequence[float]) -> float:
+    """Expected clicks on the feed as served over expected clicks in the request's own order.
+
+    The request lists candidates in no particular order, so 1.0 is an unranked feed; a model
+    that puts the truly attractive items on top scores above 1, a reversed ranking below. The
+    shop's sessions earn GMV by it (simulation.sessions), so a better ranker earns more orders.
+    """
+    served = click_probabilities(population, body, scores).sum()
+    unranked = click_probabilities(population, body, -np.arange(len(scores), dtype=float)).sum()
+    return float(served / unranked) if unranked > 0 else 1.0

@@ -31,7 +31,7 @@ from serving.schema import CONTEXT_FIELDS, ITEM_FIELDS, SESSION_FIELDS, USER_FIE
 from simulation.drift import Drift, apply_drift
 from simulation.sessions import session_outcomes
 from simulation.shop import DEVICES, ShopConfig, generate_events, make_population
-from simulation.shoppers import SERVE_POSITION, feedback_body
+from simulation.shoppers import SERVE_POSITION, feed_quality, feedback_body
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,7 @@ def drive(
     sent_at = np.full(len(bodies), np.nan)  # wall clock (Unix s): a session starts at its first
     slots: list[str | None] = [None] * len(bodies)
     clicks = np.zeros(len(bodies), dtype=np.int64)
+    quality = np.full(len(bodies), np.nan)  # what each answered feed was worth to its shopper
     feedback_failed = np.zeros(len(bodies), dtype=bool)
     lock = threading.Lock()
     next_index = 0
@@ -169,6 +170,7 @@ def drive(
                     answer = response.json()
                     slots[i] = answer["slot"]
                     if population is not None:
+                        quality[i] = feed_quality(population, bodies[i], answer["scores"])
                         rng = np.random.default_rng([traffic.seed, salt, i])
                         clicks[i] = _send_feedback(
                             client, urls[i % len(urls)], population, bodies[i], answer, rng
@@ -192,7 +194,7 @@ def drive(
             report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
             report.clicks_by_slot[slot] = report.clicks_by_slot.get(slot, 0) + clicked
     report.feedback_failed = int(feedback_failed.sum())
-    report.sessions = _sessions(bodies, session_of, latencies, sent_at, traffic)
+    report.sessions = _sessions(bodies, session_of, latencies, sent_at, traffic, quality)
     return report
 
 
@@ -234,8 +236,12 @@ def _sessions(
     latencies: np.ndarray,
     sent_at: np.ndarray,
     traffic: LiveTraffic,
+    quality: np.ndarray,
 ) -> pd.DataFrame:
-    """One user_sessions row per session that got at least one answer, started at its first."""
+    """One user_sessions row per session that got at least one answer, started at its first.
+
+    Its GMV responds to the latency it saw and to how well its feeds were ranked.
+    """
     frame = pd.DataFrame(
         {
             "session_id": session_of,
@@ -244,6 +250,7 @@ def _sessions(
             "device": [b["context"]["device_type"] for b in bodies],
             "latency_ms": latencies,
             "sent_at": sent_at,
+            "quality": quality,
         }
     ).dropna(subset=["latency_ms"])
     if frame.empty:
@@ -254,6 +261,7 @@ def _sessions(
         device=("device", "first"),
         latency_ms=("latency_ms", "mean"),
         started_at=("sent_at", "min"),
+        quality=("quality", "mean"),  # NaN (no feedback simulated) counts as unranked below
     )
     rng = np.random.default_rng(traffic.seed)
     outcomes = session_outcomes(
@@ -262,6 +270,7 @@ def _sessions(
         per["user_age"].to_numpy(),
         rng,
         traffic.gmv_per_ms,
+        feed_quality=per["quality"].fillna(1.0).to_numpy(),
     )
     return pd.DataFrame(
         {

@@ -18,9 +18,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from core.impact.analysis import analyse_impact
+from core.impact.canary_window import canary_window, recorded_sample_ratio
 from core.impact.estimation import histogram_bin_ms
+from core.impact.experiment import estimate_experiment, no_experiment
+from core.impact.experiment_report import with_experiment_section
+from core.impact.experiment_types import ExperimentOptions, ReleaseExperiment
+from core.impact.history import build_history, render_history_markdown, store_history_page
 from core.impact.report import render_html, render_json, render_markdown
-from core.impact.storage import REPORT_KIND, store_report_files
+from core.impact.storage import REPORT_KIND, list_experiments, store_experiment, store_report_files
 from core.impact.types import (
     ImpactData,
     ImpactOptions,
@@ -28,6 +33,7 @@ from core.impact.types import (
     ImpactWindow,
     StoredImpactReport,
 )
+from logstore.experiment import query_experiment
 from logstore.impact import (
     count_join_coverage,
     read_latency_histogram,
@@ -35,9 +41,11 @@ from logstore.impact import (
     read_session_outcomes,
 )
 from logstore.reading import connect_for_reading
+from logstore.release_events import events_of_release
 from model_store import open_store
 from relay.errors import VersionNotFound
 from relay.settings import Settings
+from relay.types import Release, ReleaseOutcome
 from tasks.workdir import run_workdir
 
 
@@ -125,7 +133,11 @@ def store_impact_report(
     folder = run_workdir(settings) / "impact"
     folder.mkdir(parents=True, exist_ok=True)
     html_path, json_path = folder / "impact-report.html", folder / "impact-report.json"
-    html_path.write_text(render_html(report), encoding="utf-8")
+    experiments = list_experiments(open_store(settings), attach_to) if attach_to else []
+    html_path.write_text(
+        with_experiment_section(render_html(report), report, experiments, attach_to),
+        encoding="utf-8",
+    )
     json_path.write_text(render_json(report), encoding="utf-8")
     return store_report_files(open_store(settings), report, html_path, json_path, attach_to)
 
@@ -139,3 +151,58 @@ def publish_impact_summary(report: ImpactReport, stored: StoredImpactReport) -> 
         description=f"Latency → GMV impact over {report.window}: {report.finding.value}",
     )
     return stored
+
+
+@task(name="measure-release-experiment", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def measure_release_experiment(
+    settings: Settings,
+    release: Release,
+    baseline: str | None,
+    outcome: ReleaseOutcome,
+    options: ExperimentOptions | None = None,
+) -> ReleaseExperiment:
+    """Canary vs baseline over the canary's last step, from ClickHouse; filed beside the version.
+
+    A release without a comparable canary (the first, or one rolled back before its cohorts
+    grew) is filed too, as "no experiment" with the reason, so the history shows every release.
+    """
+    options = options or ExperimentOptions()
+    now = datetime.now(UTC)
+    identity = (release.release_id, release.version, release.lineage_id, outcome.value)
+    if baseline is None:
+        why = "first release: no stable version to compare the candidate against"
+        experiment = no_experiment(*identity, why, now)
+    else:
+        client = connect_for_reading(settings.resolved_clickhouse_dsn, settings.resolved_spool_dir)
+        events = events_of_release(client, release.release_id)
+        window = canary_window(events, now, timedelta(hours=options.pre_period_h))
+        if isinstance(window, str):
+            experiment = no_experiment(*identity, window, now, baseline_version=baseline)
+        else:
+            data = query_experiment(
+                client, window.start, window.end, window.pre_start, release.version, baseline,
+                pre_end=window.pre_end,
+            )  # fmt: skip
+            experiment = estimate_experiment(
+                data, identity, options, now, recorded_sample_ratio(events), window.describe()
+            )
+    store_experiment(open_store(settings), experiment)
+    print(f"experiment {release.version}: {experiment.headline}")
+    return experiment
+
+
+@task(name="publish-impact-history", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def publish_impact_history(settings: Settings) -> str:
+    """Rebuild the history page of every release, file it in the model store, publish its table.
+
+    Returns the page's address (the release summary links to it).
+    """
+    store = open_store(settings)
+    page = build_history(store, datetime.now(UTC))
+    url = store_history_page(store, page)
+    create_markdown_artifact(
+        key="impact-history",
+        markdown=render_history_markdown(page.rows, url),
+        description=f"Impact history: {len(page.rows)} releases",
+    )
+    return url

@@ -98,8 +98,12 @@ def finish_release(
     release: Release,
     outcome: ReleaseOutcome,
     reason: str,
+    history_url: str | None = None,
 ) -> ReleaseSummary:
-    """Record how the release ended, in ClickHouse and as the run's outcome artifact."""
+    """Record how the release ended, in ClickHouse and as the run's outcome artifact.
+
+    `history_url` links the artifact to the impact history page (every release's experiment).
+    """
     ended = summary.model_copy(update={"outcome": outcome, "reason": reason})
     client = logstore.connect(settings.resolved_clickhouse_dsn)
     events = events_of_release(client, release.release_id)
@@ -123,6 +127,8 @@ def finish_release(
         "|---|---|---|---|",
     ]
     lines += [f"| {e.ts:%H:%M:%S} | {e.kind} | {e.verdict} | {e.reason} |" for e in events]
+    if history_url:
+        lines += ["", f"[Impact history: every release's experiment]({history_url})"]
     create_markdown_artifact(
         key="release-outcome", markdown="\n".join(lines), description=f"{outcome.value}: {reason}"
     )

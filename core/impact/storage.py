@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.impact.experiment_types import ReleaseExperiment
+from core.impact.kinds import EXPERIMENT_KIND, REPORT_KIND
+from core.impact.pages import publish_page
 from core.impact.types import ImpactReport, StoredImpactReport
 from model_store import ModelStore
-from model_store.attachments import attachment_key
-from model_store.impact_records import REPORT_KIND
+from model_store.attachments import Attachment, attachment_key
+
+__all__ = ["EXPERIMENT_KIND", "REPORT_KIND"]  # named where they are filed too
 
 
 def store_report_files(
@@ -41,6 +45,9 @@ def store_report_files(
         blobs=blobs,
         html_url=store.locate_blob(blobs["report.html"]),
         json_url=store.locate_blob(blobs["report.json"]),
+        page_url=publish_page(store, REPORT_KIND, report_id, html_path.read_text(encoding="utf-8")),
+        elasticity=report.causal.value if report.causal else None,
+        elasticity_ci=(report.causal.ci_low, report.causal.ci_high) if report.causal else None,
     )
     data = record.model_dump_json(indent=2).encode()
     store.put_attachment(version, REPORT_KIND, report_id, data, blobs=blobs)
@@ -52,4 +59,22 @@ def list_impact_reports(store: ModelStore, version: str | None = None) -> list[S
     return [
         StoredImpactReport.model_validate_json(store.read_attachment(attachment))
         for attachment in store.list_attachments(version, REPORT_KIND)
+    ]
+
+
+def store_experiment(store: ModelStore, experiment: ReleaseExperiment) -> Attachment:
+    """File a release's experiment beside its version, once (named by the release id).
+
+    Filing the same record again is a no-op; a different one for the same release raises
+    AttachmentExists: an experiment is a measurement, never rewritten.
+    """
+    data = experiment.model_dump_json(indent=2).encode()
+    return store.put_attachment(experiment.version, EXPERIMENT_KIND, experiment.release_id, data)
+
+
+def list_experiments(store: ModelStore, version: str) -> list[ReleaseExperiment]:
+    """The experiments filed beside a version (one per release of it), by release id."""
+    return [
+        ReleaseExperiment.model_validate_json(store.read_attachment(attachment))
+        for attachment in store.list_attachments(version, EXPERIMENT_KIND)
     ]

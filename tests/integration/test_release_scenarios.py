@@ -30,7 +30,8 @@ from prefect.flow_runs import resume_flow_run
 
 import logstore
 from core.data.validation import window_ending
-from core.impact.storage import list_impact_reports
+from core.impact.experiment_types import ExperimentFinding
+from core.impact.storage import list_experiments, list_impact_reports
 from core.lineage.hashing import compute_lineage_record
 from core.training.model import TrainConfig, predict, train_model
 from flows.guard import release_guard
@@ -58,6 +59,7 @@ from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
 from tasks.export import export_model
 from tasks.registry import build_manifest
+from tests.integration.experiment_checks import assert_experiment_in_report_and_history
 from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE, merged, seeded
 
 pytestmark = pytest.mark.slow
@@ -194,8 +196,15 @@ def summary_release_id(summary) -> str:
 def test_first_release_deploys_as_stable_and_becomes_champion(fleet):
     summary = run_release(seed=1)
     assert summary.outcome == "promoted" and summary.reason.startswith("first release")
-    assert open_store(get_settings()).get_alias("champion") == summary.version
+    store = open_store(get_settings())
+    assert store.get_alias("champion") == summary.version
     assert fleet.stable() == {summary.version}
+    # no canary, so no experiment, and the record says why rather than showing a zero effect
+    (experiment,) = list_experiments(store, summary.version)
+    assert experiment.finding is ExperimentFinding.no_experiment
+    assert experiment.headline == (
+        "No experiment: first release: no stable version to compare the candidate against."
+    )
     fleet.versions["v1"] = summary.version
 
 
@@ -229,6 +238,7 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet, shop):
     assert [h.version for h in history[-2:]] == [fleet.versions["v1"], summary.version]
     reports = list_impact_reports(store, summary.version)  # the canary window's impact report
     assert len(reports) == 1 and reports[0].finding
+    assert_experiment_in_report_and_history(store, summary, summary_release_id(summary), reports[0])
     fleet.versions["v2"] = summary.version
 
 

@@ -21,6 +21,7 @@ codes = [main(argv) for argv in (
     ["lineage", "diff", "champion", "candidate"],
     ["alias", "history", "champion"],
     ["store", "gc", "--dry-run"],
+    ["impact", "history"],
 )]
 print(json.dumps({"codes": codes, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
 """
@@ -38,7 +39,9 @@ def test_read_only_commands_import_neither_prefect_nor_torch_nor_clickhouse(tmp_
         check=True,
     )
     result = json.loads(done.stdout.splitlines()[-1])
-    # An empty store: no such version or alias (exit 1, one line on stderr), nothing to collect.
-    assert result["codes"] == [1, 1, 1, 0], done.stderr
+    # An empty store: no such version or alias (exit 1, one line on stderr), nothing to collect,
+    # no release experiments yet.
+    assert result["codes"] == [1, 1, 1, 0, 0], done.stderr
+    assert "no release experiments in the store yet" in done.stdout
     assert "relay: no version 'champion'" in done.stderr
     assert [m for m in HEAVY if m in result["modules"]] == []
