@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
     "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
     "--reference-rows 4000 --cost-rows 2000",
+    "experiment": "--releases 3 --users 200 --rows-10m 20000",
     "attribution": "--requests 1500 --train-events 4000 --calibration-runs 3",
     # two worker kills and the logging cost; no release kills: each needs a deployed stack and
     # two trained releases (minutes), and test_deployments_e2e already loses a release's host
@@ -179,6 +180,16 @@ def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):
 def test_bench_impact_builds_the_report(runs):
     figures = runs["impact"].finish()
     assert figures["rows"] > 10_000 and figures["sessions"] > 0 and figures["total_s"] > 0
+
+
+def test_bench_experiment_plants_releases_through_the_query_and_estimator(runs):
+    figures = runs["experiment"].finish()
+    assert figures["releases_per_case"] == {"orders_plus_3pct": 3, "gmv_minus_2pct": 3, "zero": 3}
+    metrics = {"click_through", "orders_per_user", "gmv_per_user", "latency_ms"}
+    assert set(figures["coverage_by_metric"]) == metrics
+    assert all(0 <= v <= 1 for v in figures["coverage_by_metric"].values())
+    assert set(figures["cuped_variance_reduction"]) == metrics
+    assert figures["query_s_10m"] > 0 and figures["history_build_s_100"] > 0
 
 
 def test_bench_gpu_check_runs_here_and_says_what_it_did_with_tensorrt(runs):
