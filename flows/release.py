@@ -202,10 +202,18 @@ def retrain_and_release(
             deploy_canary(settings, release, baseline=stable, weight=0)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
+                step = plan.step(weight)  # a guard step, or a longer last one, at thin traffic
                 gate = analyse_canary_step(
-                    settings, release, stable, weight, rules, analysis_window_s
+                    settings,
+                    release,
+                    stable,
+                    weight,
+                    rules,
+                    analysis_window_s,
+                    step.length(rules) if step is not None else None,
                 )
-                if gate.verdict is Verdict.inconclusive:
+                # inconclusive, or invalid (a skewed split): hold the weight, a person decides
+                if gate.verdict in (Verdict.inconclusive, Verdict.invalid):
                     answer = ask_a_person(
                         CanaryDecision,
                         f"Canary {release.version} at {weight}%: {gate.reason}. Promote or roll back?",
