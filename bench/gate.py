@@ -289,15 +289,30 @@ def main() -> None:
             peak = max(loads, key=lambda x: x.rps)
             srm = split_check(peak, args.srm_replays, seed=9)
             print(json.dumps({"srm": srm}))
-            live = (
-                live_releases(bench, args.live_aa, args.live_ab, args.live_rps, args.live_budget_s)
-                if args.live_aa + args.live_ab
-                else {"aa": [], "ab": []}
-            )
+            figures = _figures(args, loads, cases, offline_s, srm, {"aa": [], "ab": []}, started)
+            _save(args.out, figures)  # the offline figures stand even if a live release fails
+            if args.live_aa + args.live_ab:
+                live = live_releases(
+                    bench, args.live_aa, args.live_ab, args.live_rps, args.live_budget_s
+                )
+                figures = _figures(args, loads, cases, offline_s, srm, live, started)
+                _save(args.out, figures)
         finally:
             for w in bench.workers:
                 w.stop()
-    figures = {
+    print(json.dumps({k: v for k, v in figures.items() if k != "cases"}, indent=2, default=_finite))
+
+
+def _figures(
+    args: argparse.Namespace,
+    loads: list[Load],
+    cases: list[dict[str, Any]],
+    offline_s: float,
+    srm: dict[str, Any],
+    live: dict[str, list[dict[str, Any]]],
+    started: float,
+) -> dict[str, Any]:
+    return {
         "cases": cases,
         "mirror_p95_cost": None,  # no shadow stage yet: see docs/gate.md
         "capacity_check": {
@@ -319,9 +334,11 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "measured_at": datetime.now(UTC).isoformat(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2, default=_finite) + "\n")
-    print(json.dumps({k: v for k, v in figures.items() if k != "cases"}, indent=2, default=_finite))
+
+
+def _save(out: Path, figures: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2, default=_finite) + "\n")
 
 
 def _finite(value: object) -> object:

@@ -181,6 +181,8 @@ def judge_window(
         cs(shifts.p99, math.log(tolerance_99)),
     )
     measured |= _shift_measured(figures, shifts, evidence, tolerance, tolerance_99)
+    if measured["ctr_judged"]:
+        measured["ctr_tolerance_ratio"] = rules.ctr_tolerance
     text = Texts.of(figures, rules, shifts, evidence, tolerance)
     failures = _failures(rules, canary, shifts, evidence, text, (tolerance, tolerance_99))
     if failures:

@@ -41,7 +41,13 @@ class StepPlan:
     max_windows: int | None = None  # how long the step may look; None: the rules' max windows
 
     def length(self, rules: CanaryRules) -> StepLength:
-        """What the step loop runs: its window limit and kind."""
+        """What the step loop runs: its window limit and kind.
+
+        A step the plan could not make reachable runs the rules' own windows (a person chose
+        to start it): the plan's longer limit is only for a last step it expects to conclude.
+        """
+        if self.windows is None:
+            return StepLength(rules.max_windows)
         return StepLength(self.max_windows or rules.max_windows, self.guard)
 
 
@@ -135,10 +141,12 @@ def _step_plan(
 ) -> StepPlan:
     """Full if it can pass in the rules' windows; else a guard step, or (the last) a longer one."""
     full = windows_needed(noise.mean, per_window, tolerance_log, rules, noise.error_rate, noise.p95)
+    cap = max(rules.plan_max_windows, rules.max_windows)
     if full is not None:
-        return StepPlan(weight, per_window, full)
+        # the last step decides the release: it may look past its expected length, up to the
+        # cap, rather than hand an equal candidate to a person because its looks ran unlucky
+        return StepPlan(weight, per_window, full, max_windows=cap if last else None)
     if last:
-        cap = max(rules.plan_max_windows, rules.max_windows)
         longer = windows_needed(
             noise.mean, per_window, tolerance_log, rules, noise.error_rate, noise.p95, cap
         )
