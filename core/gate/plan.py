@@ -168,14 +168,7 @@ def plan_canary(
 ) -> CanaryPlan:
     """What each step can decide at `rate_rps` and how long it takes, from recent traffic."""
     if recent is None or recent.answered < rules.min_requests or recent.users < MIN_USERS:
-        return CanaryPlan(
-            [StepPlan(w, rate_rps * w / 100 * window_s, None) for w in steps],
-            window_s,
-            "no recent traffic to plan from",
-            True,
-            "no recent traffic of the champion before this release: each step runs until its "
-            f"evidence is conclusive, at most {rules.max_windows} windows of {window_s:g} s",
-        )
+        return _plan_without_basis(rate_rps, steps, window_s, rules)
     noise = noise_of(recent)
     tolerance_log = math.log(rules.latency_tolerance(recent.p95_ms))
     plans = [
@@ -199,6 +192,41 @@ def plan_canary(
         f"{recent.p95_ms:.1f} ms, 5xx {noise.error_rate:.2%}, at {rate_rps:.3g} req/s"
     )
     return CanaryPlan(plans, window_s, basis, reachable, summary)
+
+
+def _plan_without_basis(
+    rate_rps: float, steps: list[int], window_s: float, rules: CanaryRules
+) -> CanaryPlan:
+    """No recent champion traffic to measure noise on: the early steps guard, the last decides.
+
+    Without a basis nothing says how long equivalence takes, so no early step is asked to show
+    it; each guards against harm for its 1.5 x `min_requests` (or the rules' max windows when
+    the rate is unknown too) and the last runs until conclusive, up to the cap.
+    """
+    cap = max(rules.plan_max_windows, rules.max_windows)
+    plans = []
+    for i, w in enumerate(steps):
+        per_window = rate_rps * w / 100 * window_s
+        if i == len(steps) - 1:
+            plans.append(StepPlan(w, per_window, cap, max_windows=cap))
+            continue
+        needed = math.ceil(1.5 * rules.min_requests / per_window) if per_window > 0 else None
+        windows = min(needed or rules.max_windows, rules.max_windows)
+        plans.append(StepPlan(w, per_window, windows, guard=True, max_windows=windows))
+    return CanaryPlan(
+        plans,
+        window_s,
+        "no recent traffic to plan from",
+        True,
+        "no recent traffic of the champion before this release: "
+        + ", ".join(
+            f"{p.weight} %: guard step, {p.windows} windows (harm only)"
+            if p.guard
+            else f"{p.weight} %: until conclusive, at most {p.max_windows} windows"
+            for p in plans
+        )
+        + f" of {window_s:g} s",
+    )
 
 
 def _summary(plans: list[StepPlan], rules: CanaryRules, window_s: float) -> str:

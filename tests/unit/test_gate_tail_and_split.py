@@ -210,3 +210,13 @@ def test_a_guard_step_still_fails_a_gross_regression() -> None:
     slow = cohort("canary", lognormal(rng, 600) * 2.0, rng.integers(0, 150, 600), rng)
     looks = run_step(fake_io([StepFigures(slow, b)]), RULES, 5, StepLength(3, guard=True))
     assert looks[-1].verdict is Verdict.failed and len(looks) == 1
+
+
+def test_a_plan_without_recent_traffic_guards_early_steps_and_lets_the_last_decide() -> None:
+    from core.gate.plan import plan_canary
+
+    plan = plan_canary(None, 60.0, [25, 50], 8.0, RULES)
+    first, last = plan.steps
+    assert plan.reachable and first.guard and first.windows * first.requests_per_window >= 300
+    assert not last.guard and last.length(RULES).windows == RULES.plan_max_windows
+    assert plan.summary.startswith("no recent traffic of the champion before this release")
