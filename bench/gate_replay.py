@@ -25,6 +25,7 @@ from relay.types import GateResult, Verdict
 
 STEPS = (5, 25, 50)
 WINDOW_S = 20.0
+RECORDING_COLUMNS = ("ts", "user", "latency_ms", "status")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Load:
     canary: Recording
     baseline: Recording
     rps: float
+    _pooled: Recording | None = field(default=None, repr=False)
 
     def draw(
         self, rng: np.random.Generator, n_canary: int, n_baseline: int, window: int
@@ -110,15 +112,35 @@ class Load:
         release at 500 req/s from a 40 req/s recording is not credited with information the
         recording never had.
         """
-        first, last = self.canary.ts[0], self.canary.ts[-1]
-        per_s = min(len(self.canary.ts), len(self.baseline.ts)) / max(last - first, 1.0)
-        span = min(max(WINDOW_S, max(n_canary, n_baseline) / per_s), last - first)
+        pooled = self.pooled
+        first, last = pooled.ts[0], pooled.ts[-1]
+        per_s = len(pooled.ts) / max(last - first, 1.0)
+        span = min(max(WINDOW_S, (n_canary + n_baseline) / per_s), last - first)
         start = float(rng.uniform(first, max(first, last - span)))
         offset = window * WINDOW_S  # windows follow each other in time
         return (
-            self.canary.sample(rng, start, span, n_canary, offset),
-            self.baseline.sample(rng, start, span, n_baseline, offset),
+            pooled.sample(rng, start, span, n_canary, offset),
+            pooled.sample(rng, start, span, n_baseline, offset),
         )
+
+    @property
+    def pooled(self) -> Recording:
+        """Both slots' rows in time order: canary and baseline replay draw from the same rows.
+
+        The two recorded slots served versions of equal cost, but a minute of a contended
+        host leaves their P95s apart by chance (x1.08 in one recording, beyond what the P95
+        test can call equal at x1.10): replayed as they are, every "A/A" release would carry
+        that chance difference and every planted regression would sit on top of it. Drawn
+        from the pooled rows, an A/A release is one, and a regression is exactly what is
+        planted; both cohorts still share each stretch's load swings.
+        """
+        if self._pooled is None:
+            c, b = self.canary, self.baseline
+            order = np.argsort(np.concatenate([c.ts, b.ts]), kind="stable")
+            self._pooled = Recording(
+                *(np.concatenate([getattr(c, k), getattr(b, k)])[order] for k in RECORDING_COLUMNS)
+            )
+        return self._pooled
 
     def summary(self) -> dict[str, float]:
         lat = np.concatenate([self.canary.latency_ms, self.baseline.latency_ms])
@@ -175,7 +197,7 @@ class ReleaseResult:
 
 def plan_for(load: Load, rps: float, rules: CanaryRules) -> CanaryPlan:
     """The plan the release would make: from the champion's recorded rows, at this rate."""
-    b = load.baseline
+    b = load.pooled
     recent = cohort_sums_of("stable", "a", b.user, b.latency_ms, b.status, b.ts)
     return plan_canary(recent, rps, list(STEPS), WINDOW_S, rules)
 

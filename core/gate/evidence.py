@@ -87,3 +87,4 @@ class Shifts:
     p95: Estimate
     p99: Estimate | None  # None: too few requests for the P99's tail
     clicks: Estimate | None  # None: clicks not judged yet
+    canary_p95: Estimate | None = None  # log of the canary's own P95, for the absolute SLO

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from core.gate.evidence import Shifts, StepEvidence, StepFigures
-from core.gate.quantile import TailQuantiles, design_effect, quantile_shift
+from core.gate.quantile import TailQuantiles, design_effect, log_quantile, quantile_shift
 from core.gate.reasons import Texts, clicks_judged, ratio
 from core.gate.rules import MIN_USERS, CanaryRules
 from core.gate.sequential import (
@@ -40,6 +40,7 @@ from core.gate.sequential import (
     confidence_sequence,
     error_shift,
     latency_shift,
+    mean_log_latency,
 )
 from core.gate.srm import SplitCheck, check_split
 from logstore.slo import CohortSums
@@ -111,12 +112,15 @@ def _shifts(
         else None
     )
     clicks = clicks_judged(figures, rules)
+    own = log_quantile(tail_of(canary, 0.95))
+    own_deff = design_effect(mean_log_latency(canary).variance, _request_level(canary))
     return Shifts(
         shift,
         error_shift(canary, baseline, figures.paired),
         p95,
         p99,
         click_through_shift(*clicks) if clicks is not None else None,
+        Estimate(own.value, own.variance * own_deff),
     )
 
 
@@ -192,6 +196,7 @@ def judge_window(
         evidence.latency.high < within
         and evidence.p95.high < within
         and evidence.errors.high < error_tol
+        and canary.p95_ms <= rules.max_p95_ms  # over the SLO, but not yet surely: not a pass
     ):
         return verdict(
             Verdict.passed,
@@ -206,6 +211,24 @@ def judge_window(
         f"{text.p95}; {text.errors}; {text.clicks}",
         evidence,
     )
+
+
+def _over_the_slo(rules: CanaryRules, canary: CohortSums, shifts: Shifts) -> float | None:
+    """The low end of the canary P95's interval, in ms, when it is above the absolute SLO.
+
+    A point P95 over 50 requests is noisy: a fleet whose own P95 sits near the SLO would fail
+    equal canaries by chance. The SLO fails the step when the P95 exceeds it with confidence.
+    """
+    own = shifts.canary_p95
+    if canary.p95_ms <= rules.max_p95_ms or own is None or not math.isfinite(own.variance):
+        return None
+    slo = math.log(rules.max_p95_ms)
+    interval = confidence_sequence(
+        Estimate(own.value - slo, own.variance),
+        math.log(1 + rules.tolerance_pct / 100) or 0.1,
+        rules.alpha,
+    )
+    return rules.max_p95_ms * math.exp(interval.low) if interval.low > 0 else None
 
 
 def _p_of(log_bf: float) -> float:
@@ -298,9 +321,11 @@ def _failures(
     """Every reason this look fails the step; empty when none holds."""
     tolerance, tolerance_99 = tolerances
     failures = []
-    if canary.p95_ms > rules.max_p95_ms:
+    over = _over_the_slo(rules, canary, shifts)
+    if over is not None:
         failures.append(
-            f"absolute SLO: canary P95 {canary.p95_ms:.1f} ms > {rules.max_p95_ms:g} ms"
+            f"absolute SLO: canary P95 {canary.p95_ms:.1f} ms > {rules.max_p95_ms:g} ms "
+            f"(always-valid {rules.confidence:.0%} low end {over:.1f} ms)"
         )
     canary_errors = canary.errors / canary.requests
     if canary_errors > rules.max_error_rate:

@@ -142,6 +142,8 @@ def _step_plan(
     """Full if it can pass in the rules' windows; else a guard step, or (the last) a longer one."""
     full = windows_needed(noise.mean, per_window, tolerance_log, rules, noise.error_rate, noise.p95)
     cap = max(rules.plan_max_windows, rules.max_windows)
+    if full is not None and not last and full > rules.max_windows // 2:
+        full = None  # a full early step that runs out of windows pauses: guard it instead
     if full is not None:
         # the last step decides the release: it may look past its expected length, up to the
         # cap, rather than hand an equal candidate to a person because its looks ran unlucky
