@@ -146,20 +146,12 @@ def judge_window(
         return gate, carried
 
     if canary is None or baseline is None:
-        missing = " and ".join(
-            s for s, c in (("canary", canary), ("baseline", baseline)) if c is None
-        )
-        return verdict(Verdict.inconclusive, f"no {missing} requests yet", evidence)
+        return verdict(Verdict.inconclusive, _missing(canary, baseline), evidence)
     if weight is not None:
-        split, evidence = _split(figures, weight, evidence)
-        measured |= _split_measured(split, evidence)
-        if min(evidence.split_p_requests, _p_of(evidence.split_log_bf)) < rules.srm_p:
-            return verdict(
-                Verdict.invalid,
-                f"sample-ratio mismatch at {weight} %: {split.describe()}; below p={rules.srm_p:g}"
-                ": every comparison would be biased, so the weights hold and a person decides",
-                evidence,
-            )
+        mismatch, evidence, split_measured = _split_verdict(figures, weight, evidence, rules)
+        measured |= split_measured
+        if mismatch is not None:
+            return verdict(Verdict.invalid, mismatch, evidence)
     fewest = min(canary.requests, baseline.requests)
     if fewest < rules.min_requests or min(canary.users, baseline.users) < MIN_USERS:
         return verdict(
@@ -231,8 +223,28 @@ def _over_the_slo(rules: CanaryRules, canary: CohortSums, shifts: Shifts) -> flo
     return rules.max_p95_ms * math.exp(interval.low) if interval.low > 0 else None
 
 
+def _missing(canary: CohortSums | None, baseline: CohortSums | None) -> str:
+    cohorts = (("canary", canary), ("baseline", baseline))
+    return f"no {' and '.join(s for s, c in cohorts if c is None)} requests yet"
+
+
 def _p_of(log_bf: float) -> float:
     return 1.0 if log_bf <= 0 else math.exp(-log_bf)
+
+
+def _split_verdict(
+    figures: StepFigures, weight: int, evidence: StepEvidence, rules: CanaryRules
+) -> tuple[str | None, StepEvidence, dict[str, float]]:
+    """The split's reason when it mismatches (else None), the evidence, and its figures."""
+    split, evidence = _split(figures, weight, evidence)
+    measured = _split_measured(split, evidence)
+    if min(evidence.split_p_requests, _p_of(evidence.split_log_bf)) >= rules.srm_p:
+        return None, evidence, measured
+    reason = (
+        f"sample-ratio mismatch at {weight} %: {split.describe()}; below p={rules.srm_p:g}: "
+        "every comparison would be biased, so the weights hold and a person decides"
+    )
+    return reason, evidence, measured
 
 
 def _split(
