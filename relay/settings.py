@@ -118,6 +118,17 @@ class Settings(BaseSettings):
         description="Share of answered requests whose candidates are logged as impressions "
         "(chosen by a hash of the request id); lower it in production to bound the log volume.",
     )
+    serving_log_max_pending_rows: int = Field(
+        default=400_000,
+        ge=1,
+        description="Log rows of one table written ahead but not yet out above which the worker "
+        "refuses new predict requests (503 log_backpressure, counted) until its writer catches up.",
+    )
+    serving_fault_injection: bool = Field(
+        default=False,
+        description="Serve /admin/latency and /admin/ranking (fault injection for tests, "
+        "benchmarks and demos); off, a worker answers 404 on both.",
+    )
     serving_max_feedback_events: int = Field(
         default=100, ge=1, description="Most events in one POST /v1/feedback body."
     )

@@ -6,7 +6,11 @@ end in a single swap of the routing table. A watchdog task takes a canary whose 
 to weight 0 without that lock, so a slow load never delays it.
 
 Transports call `record` before they send an answer: it returns once the request's log row is
-in the operating system's hands (`logstore.spool.RequestLogWriter.append`).
+in the operating system's hands (`logstore.spool.RequestLogWriter.append`). A scored batch's
+impressions are written before that, on the engine thread (`_finish_batch`), as one columnar
+record. When a log writer falls behind (more than RELAY_SERVING_LOG_MAX_PENDING_ROWS rows not
+yet out), new predict requests are refused with 503 `log_backpressure`, counted in /metrics,
+until it catches up: load is shed in the open, and no answered request goes unlogged.
 """
 
 from __future__ import annotations
@@ -18,11 +22,9 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from logstore.spool import RequestLogWriter
@@ -30,81 +32,32 @@ from model_store import ModelStore
 from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
-from serving.engine import LoadedModel
-from serving.feedback import Answered, FeedbackLog
+from serving.exchange import Exchange, Served
+from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
     SLOTS,
-    Injection,
     RoutingTable,
     check_slot,
     grant_lease,
     perturbed,
 )
 from serving.schema import PredictRequest, RequestRejected
-from serving.tracing import RequestTracer, parent_context, traceparent_of
+from serving.tracing import RequestTracer, traceparent_of
+from serving.worker_state import worker_snapshot, worker_state
 
 log = logging.getLogger("serving.worker")
 
+
+def _rng() -> np.random.Generator:
+    # A fresh generator per use: engine threads of two slots may shuffle at once, and a
+    # Generator is not thread-safe. Only a `shuffled` ranking (fault injection) draws.
+    return np.random.default_rng()
+
+
 ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
 LEASE_CHECK_S = 0.1  # a lapsed canary keeps its users at most this much longer
-
-
-@dataclass(eq=False)
-class Served:
-    """A loaded model with its batcher: what a routing-table slot holds."""
-
-    model: LoadedModel
-    batcher: Batcher
-
-    @property
-    def version(self) -> str:
-        return self.model.version
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One request from arrival to log row; the transports fill and read it."""
-
-    transport: str
-    ts: float  # wall clock at arrival, for the log row
-    t0: float  # perf_counter at arrival
-    request_id: str = ""
-    user_id: int = 0
-    session_id: str = ""
-    input_bytes: int = 0
-    rows: int = 0
-    parent: Context | None = None  # the caller's trace, from its traceparent
-    traceparent: str = ""  # this request's span, echoed in the answer once recorded
-    span: Span | None = None  # set when recorded; an admin call's while it runs
-    slot: str = ""
-    version: str = ""
-    lineage_id: str = ""
-    t_enqueued: float = 0.0
-    injection: Injection | None = None
-    injected_s: float = 0.0  # what the injection actually added, booked to its stage
-    ranking: str = "model"  # how the slot ranks its answer (routing.RANKINGS)
-    raw: np.ndarray | None = None  # the request's raw features, for its impressions rows
-    scores: np.ndarray | None = None
-    batch: BatchTiming | None = None
-    status: int = 200
-    error_code: str = ""
-    detail: str = ""
-
-    def reject(self, rejection: RequestRejected) -> None:
-        self.status, self.error_code, self.detail = (
-            rejection.status,
-            rejection.code,
-            rejection.detail,
-        )
-
-    def trace_from(self, traceparent: object) -> None:
-        """Join the caller's trace; a missing or malformed traceparent starts a new one."""
-        self.parent = parent_context(traceparent)
-
-    def error_body(self) -> dict[str, Any]:
-        return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
 
 
 class Worker:
@@ -126,6 +79,10 @@ class Worker:
         self.metrics = metrics
         self.log_writer = log_writer
         self.feedback_log = feedback_log
+        self.log_writers = [
+            *([log_writer] if log_writer is not None else []),
+            *(feedback_log.writers if feedback_log is not None else ()),
+        ]
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.tracer = tracer or RequestTracer(settings, self.worker_id)
@@ -135,9 +92,9 @@ class Worker:
         self._admin_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
-        self._started = time.time()
-        self._rng = np.random.default_rng()  # for a `shuffled` ranking only
+        self.started_at = time.time()
         self.lease_expirations = 0
+        self.backpressure_rejections = 0
         metrics.watch(self.snapshot)
 
     def start(self) -> None:
@@ -156,12 +113,11 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes, ex.rows, ex.raw = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
             request.user_id,
             request.session_id,
             request.input_bytes,
             request.raw.shape[0],
-            request.raw,
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -170,13 +126,44 @@ class Worker:
             ex.reject(RequestRejected("not_ready", reason, 503))
             done(ex)
             return
+        behind = self.log_behind()
+        if behind is not None:
+            self.backpressure_rejections += 1
+            ex.reject(RequestRejected("log_backpressure", behind, 503))
+            done(ex)
+            return
         slot, served = route
         ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
         injection = table.injection(slot)
-        ex.injection = injection if injection != Injection() else None
+        ex.injection = injection if injection.holds else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
-        served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e))
+        served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
+
+    def log_behind(self) -> str | None:
+        """Why the log path cannot take another request now (a writer is behind), or None."""
+        limit = self.settings.serving_log_max_pending_rows
+        for writer in self.log_writers:
+            if writer.pending > limit:
+                return (
+                    f"the {writer.spool.table.name} log has {writer.pending} rows not yet "
+                    f"written out, over RELAY_SERVING_LOG_MAX_PENDING_ROWS={limit}: retry shortly"
+                )
+        return None
+
+    def _finish_batch(
+        self, exchanges: list[Exchange], sizes: list[int], raw: np.ndarray, scores: np.ndarray
+    ) -> np.ndarray:
+        """On the engine thread: each slot's ranking applied, the batch's impressions written."""
+        served = scores
+        if any(ex.ranking != "model" for ex in exchanges):
+            served, at = scores.copy(), 0
+            for ex, n in zip(exchanges, sizes, strict=True):
+                served[at : at + n] = perturbed(scores[at : at + n], ex.ranking, _rng())
+                at += n
+        if self.feedback_log is not None:
+            self.feedback_log.write_impressions(exchanges, sizes, raw, served)
+        return served
 
     def _scored(
         self,
@@ -194,7 +181,7 @@ class Worker:
             )
             ex.batch = batch
         else:
-            ex.scores, ex.batch = perturbed(scores, ex.ranking, self._rng), batch
+            ex.scores, ex.batch = scores, batch
         if ex.injection is not None:
             held_from = time.perf_counter()
 
@@ -262,19 +249,6 @@ class Worker:
                     ex.error_code,
                     ex.rows,
                     ex.traceparent[3:35],  # the trace id
-                )
-            )
-        if self.feedback_log is not None and ex.scores is not None and ex.raw is not None:
-            self.feedback_log.write_impressions(
-                Answered(
-                    ex.ts,
-                    ex.request_id,
-                    ex.slot,
-                    ex.version,
-                    ex.lineage_id,
-                    ex.session_id,
-                    ex.raw,
-                    ex.scores,
                 )
             )
 
@@ -358,6 +332,7 @@ class Worker:
                 max_rows=s.serving_max_batch_rows,
                 max_delay_s=s.serving_max_batch_delay_ms / 1000,
                 on_batch=lambda t: self.metrics.observe_batch(version, t),
+                finish=self._finish_batch,
             )
             self._swap(self.table.with_loaded(slot, Served(model, batcher)))
             log.info(
@@ -441,11 +416,11 @@ class Worker:
             return self.state()
 
     async def set_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
     ) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor, stage))
-            log.info("injected latency for %s set to x%s + %s ms in %s", slot, factor, ms, stage)
+            self._swap(self.table.with_latency(slot, ms, factor, stage, mode))
+            log.info("injected x%s + %s ms in %s of %s (%s)", factor, ms, stage, slot, mode)
             return self.state()
 
     async def set_ranking(self, slot: str, ranking: str) -> dict[str, Any]:
@@ -457,6 +432,9 @@ class Worker:
     def _swap(self, table: RoutingTable[Served]) -> None:
         leaving = self.table.models() - table.models()
         self.table = table
+        for slot in SLOTS:  # an engine-mode injection runs inside the slot's batches
+            if (served := getattr(table, slot)) is not None:
+                served.batcher.fault = table.injection(slot).engine_fault()
         for served in leaving:  # drain what they already queued, then free their engines
             task = asyncio.get_running_loop().create_task(served.batcher.close())
             self._retiring.add(task)
@@ -481,88 +459,12 @@ class Worker:
         return True, "ready"
 
     def state(self) -> dict[str, Any]:
-        t = self.table
-        ready, reason = self.ready()
-        return {
-            "worker_id": self.worker_id,
-            "ready": ready,
-            "reason": reason,
-            "slots": {
-                slot: (m.model.describe() if (m := t.model(slot)) is not None else None)
-                for slot in SLOTS
-            },
-            "canary_weight": t.canary_weight,
-            "canary_lease": self._lease_state(t),
-            "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
-            "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
-            "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
-            "ranking": {slot: t.ranking(slot) for slot in SLOTS},
-            "batching": {
-                "max_rows": self.settings.serving_max_batch_rows,
-                "max_delay_ms": self.settings.serving_max_batch_delay_ms,
-            },
-            "request_log": self.log_writer is not None,
-            "uptime_s": round(time.time() - self._started, 3),
-        }
-
-    def _lease_state(self, t: RoutingTable[Served]) -> dict[str, Any]:
-        lease = t.lease
-        left = lease.seconds_left(self.clock()) if lease is not None else None
-        return {
-            "lease_s": lease.length_s if lease is not None else None,
-            # wall clock, for people: when the weight lapses (or lapsed) without a renewal
-            "expires_at": (
-                round(time.time() + (lease.until - self.clock()), 3) if lease is not None else None
-            ),
-            "seconds_left": round(left, 3) if left is not None else None,
-            "lapsed": bool(lease and lease.lapsed),
-            "expirations": self.lease_expirations,
-        }
+        """What /admin/state answers: slots, weight, lease, injections, batching."""
+        return worker_state(self)
 
     def snapshot(self) -> WorkerSnapshot:
-        t = self.table
-        writer = self.log_writer
-        backlog = writer.spool.backlog if writer else None
-        stats = writer.stats if writer else None
-        return WorkerSnapshot(
-            ready=self.ready()[0],
-            queue_depth=sum(m.batcher.depth for m in t.models()),
-            queue_depth_by_slot={
-                slot: m.batcher.depth for slot in SLOTS if (m := t.model(slot)) is not None
-            },
-            canary_weight=t.canary_weight,
-            canary_lease_seconds_left=t.lease.seconds_left(self.clock()) if t.lease else 0.0,
-            canary_lease_expirations=self.lease_expirations,
-            injected_latency_ms={slot: t.injection(slot).ms for slot in SLOTS},
-            injected_slowdown={slot: t.injection(slot).factor for slot in SLOTS},
-            models=[
-                {
-                    "slot": slot,
-                    "version": m.version,
-                    "lineage_id": m.model.lineage_id,
-                    "engine": m.model.engine.name,
-                }
-                for slot in SLOTS
-                if (m := t.model(slot)) is not None
-            ],
-            binary_connections=self.binary_connections,
-            log_buffered_rows=writer.buffered if writer else 0,
-            log_rows={
-                "clickhouse": stats.rows_inserted if stats else 0,
-                "spool": stats.rows_spooled if stats else 0,
-            },
-            spool_segments=backlog.segments if backlog else 0,
-            spool_bytes=backlog.bytes if backlog else 0,
-            spool_cap_bytes=writer.spool.max_bytes if writer else 0,
-            spool_over_cap=bool(writer and writer.spool.over_cap),
-            log_wal_ok=not (writer and writer.wal_error),
-            log_wal_failures=stats.wal_failures if stats else 0,
-            trace_spans={
-                "recorded": self.tracer.counts.recorded,
-                "exported": self.tracer.counts.exported,
-                "dropped": self.tracer.counts.dropped,
-            },
-        )
+        """What /metrics reads of the worker at each scrape."""
+        return worker_snapshot(self)
 
     async def close(self) -> None:
         """Stop taking requests, finish queued ones, free engines, write every log row."""
