@@ -23,7 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from serving.feedback import decode_feedback
-from serving.routing import check_slot
+from serving.routing import check_removal_reason, check_slot
 from serving.schema import RequestRejected, decode_json, json_object
 from serving.worker import ADMIN, Exchange, Worker
 
@@ -226,7 +226,7 @@ def build_app(worker: Worker) -> ASGIApp:
         return await worker.promote()
 
     async def rollback(body: dict[str, Any]) -> dict[str, Any]:
-        return await worker.rollback()
+        return await worker.rollback(check_removal_reason(body.get("reason", "operator")))
 
     async def latency(body: dict[str, Any]) -> dict[str, Any]:
         if "ms" not in body:

@@ -26,6 +26,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from relay.types import CanaryRemoval
 from serving.schema import RequestRejected
 
 STABLE = "stable"
@@ -260,3 +261,13 @@ def check_slot(slot: object) -> str:
     if slot not in SLOTS:
         raise RequestRejected("bad_slot", f"slot must be one of {', '.join(SLOTS)}, got {slot!r}")
     return str(slot)
+
+
+def check_removal_reason(reason: object) -> CanaryRemoval:
+    """Why the fleet takes this canary out (400 unless a CanaryRemoval a caller may give)."""
+    given = {r.value: r for r in CanaryRemoval if r is not CanaryRemoval.lease_expired}
+    if not isinstance(reason, str) or reason not in given:
+        raise RequestRejected(
+            "bad_reason", f"reason must be one of {', '.join(given)}, got {reason!r}"
+        )
+    return given[reason]

@@ -29,6 +29,7 @@ from logstore.spool import RequestLogWriter
 from model_store import ModelStore
 from relay.errors import VersionNotFound
 from relay.settings import Settings
+from relay.types import CanaryRemoval
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
 from serving.feedback import Answered, FeedbackLog
@@ -137,7 +138,7 @@ class Worker:
         self._watchdog: asyncio.Task[None] | None = None
         self._started = time.time()
         self._rng = np.random.default_rng()  # for a `shuffled` ranking only
-        self.lease_expirations = 0
+        self.canary_removals: dict[str, int] = {}  # by CanaryRemoval reason
         metrics.watch(self.snapshot)
 
     def start(self) -> None:
@@ -401,23 +402,51 @@ class Worker:
 
     def expire_lease(self) -> bool:
         """Take the canary's weight to 0 if its lease has run out; True if it did now."""
+        return self.take_canary_out(CanaryRemoval.lease_expired)
+
+    def take_canary_out(self, reason: CanaryRemoval) -> bool:
+        """The worker's one way to take a canary out of traffic, for `reason`; True if it did.
+
+        A lease that ran out moves only the weight (stable, canary and baseline stay loaded: the
+        release may still be alive behind a slow renewal, and the guard unloads an orphan); every
+        other reason is the fleet's rollback: weight 0, canary and baseline unloaded. Not
+        awaited, so the lease watchdog takes a canary out without waiting on the admin lock.
+        """
         table = self.table
-        lapsed = table.lapsed(self.clock())
-        if lapsed is table:
+        if reason is CanaryRemoval.lease_expired:
+            after = table.lapsed(self.clock())
+            acts = after is not table
+        else:
+            after = table.rolled_back()
+            acts = table.canary is not None or table.baseline is not None or table.canary_weight > 0
+        if not acts:
             return False
-        self._swap(lapsed)  # only the weight moves: stable, canary and baseline stay loaded
-        self.lease_expirations += 1
-        lease = table.lease
-        log.warning(
-            "canary %s: its %g s lease ran out without a renewal (is the release still "
-            "running?): weight %d -> 0; stable %s and baseline %s serve as before",
-            table.canary.version if table.canary else "?",
-            lease.length_s if lease else 0.0,
-            table.canary_weight,
-            table.stable.version if table.stable else "(none)",
-            table.baseline.version if table.baseline else "(none)",
-        )
+        self._swap(after)
+        self.canary_removals[reason.value] = self.canary_removals.get(reason.value, 0) + 1
+        canary = table.canary.version if table.canary else "(none)"
+        if reason is CanaryRemoval.lease_expired:
+            lease = table.lease
+            log.warning(
+                "canary %s: its %g s lease ran out without a renewal (is the release still "
+                "running?): weight %d -> 0; stable %s and baseline %s serve as before",
+                canary,
+                lease.length_s if lease else 0.0,
+                table.canary_weight,
+                table.stable.version if table.stable else "(none)",
+                table.baseline.version if table.baseline else "(none)",
+            )
+        else:
+            log.info(
+                "canary %s taken out (%s): weight %d -> 0, canary and baseline unloaded",
+                canary,
+                reason.value,
+                table.canary_weight,
+            )
         return True
+
+    @property
+    def lease_expirations(self) -> int:
+        return self.canary_removals.get(CanaryRemoval.lease_expired.value, 0)
 
     async def _watch_leases(self) -> None:
         while True:
@@ -433,11 +462,10 @@ class Worker:
             log.info("promoted %s to stable", self.table.stable and self.table.stable.version)
             return self.state()
 
-    async def rollback(self) -> dict[str, Any]:
+    async def rollback(self, reason: CanaryRemoval = CanaryRemoval.operator) -> dict[str, Any]:
+        """The fleet's rollback on this worker: `take_canary_out` under the admin lock."""
         async with self._admin_lock:
-            canary = self.table.canary
-            self._swap(self.table.rolled_back())
-            log.info("rolled back canary %s", canary.version if canary else "(none)")
+            self.take_canary_out(reason)
             return self.state()
 
     async def set_latency(
@@ -493,6 +521,7 @@ class Worker:
             },
             "canary_weight": t.canary_weight,
             "canary_lease": self._lease_state(t),
+            "canary_removals": dict(self.canary_removals),
             "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
             "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
             "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
