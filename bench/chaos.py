@@ -33,11 +33,14 @@ Writes bench/results/chaos.json (or --out).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -57,11 +60,11 @@ CRASH_WAIT_S = 240.0  # the automation needs 90 s of silence, then its own evalu
 STEP = 50  # the one canary step of every release: the weight the kill happens at
 
 
-# -- 1. worker kills -------------------------------------------------------------------------------
+# -- 1. worker kills, with an ingester running (and killed) throughout ------------------------------
 def _send_until_dead(
     url: str, docs: list[dict[str, Any]], tag: str, answered: list[str], stop: threading.Event
 ) -> None:
-    """Predicts with unique request ids until the worker stops answering or `stop` is set."""
+    """JSON predicts, one in flight, unique request ids, until the worker dies or `stop`."""
     with httpx.Client(base_url=url, timeout=10) as http:
         for i in range(10_000_000):
             if stop.is_set():
@@ -75,38 +78,142 @@ def _send_until_dead(
                 answered.append(doc["request_id"])
 
 
-def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) -> dict[str, Any]:
-    """SIGKILL a loaded worker `kills` times (restarting it); every answered request's row."""
+def _send_binary_until_dead(
+    host: str,
+    port: int,
+    requests: list[Any],
+    tag: str,
+    answered: list[str],
+    stop: threading.Event,
+    depth: int,
+) -> None:
+    """Binary predicts, `depth` in flight on one connection, each answer counted as it arrives."""
+    from dataclasses import replace
+
+    from relay.errors import ServingError
+    from serving.client import BinaryClient, encode_predict
+    from serving.protocol import Kind
+
+    sent = itertools.count()
+    in_flight: dict[int, str] = {}
+
+    def frames(n: int) -> bytes:
+        out = []
+        for _ in range(n):
+            i = next(sent)
+            in_flight[i + 1] = f"{tag}-{i}"  # frame ids count from 1
+            out.append(
+                encode_predict(i + 1, replace(requests[i % len(requests)], request_id=f"{tag}-{i}"))
+            )
+        return b"".join(out)
+
+    try:
+        with BinaryClient(host, port, timeout_s=10, heartbeat_s=None) as client:
+            data = frames(depth)
+            while not stop.is_set():
+                got = client.send_raw(data)
+                for kind, head, _ in got:
+                    rid = in_flight.pop(head.get("id"), None) if isinstance(head, dict) else None
+                    if rid is not None and kind == Kind.RESULT:
+                        answered.append(rid)
+                data = frames(depth - len(in_flight))
+    except (OSError, ServingError):
+        return  # killed: what was in flight was never answered
+
+
+def ingest_loop(dsn: str, spool: str, every_s: float) -> None:
+    """The reader's ingestion, looping until killed: every log table's spool, every `every_s`."""
+    import logstore.reading
+
+    client = logstore.reading.connect_for_reading(dsn, Path(spool))  # ingests once, too
+    print("ingesting", flush=True)
+    while True:
+        for table in logstore.reading.LOG_TABLES:
+            logstore.reading.ingest_spool(client, table.spool_dir(Path(spool)), table)
+        time.sleep(every_s)
+
+
+def _start_ingester(root: Path, env: dict[str, str], n: int) -> subprocess.Popen[str]:
+    log = open(root / f"ingester-{n}.log", "w")  # noqa: SIM115 - the child owns it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.chaos", "--ingest-loop"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    log.close()
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ingesting":  # chdb open and a first pass done
+        raise SystemExit(f"the ingester did not start: see {root / f'ingester-{n}.log'}")
+    return process
+
+
+def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """SIGKILL a loaded worker `args.worker_kills` times, restarting it on the same spool, while
+    an ingester loops; the ingester is SIGKILLed too, every `args.ingester_kill_every` worker
+    kills, at a random moment, and restarted. Every answered request's row, by request id."""
     import logstore.reading
     from bench.serving import request_docs
+    from serving.client import BinaryRequest, items_matrix
     from serving.process import start_worker
 
     docs = request_docs(200)
+    binary = [
+        BinaryRequest(d["user"], d["session"], d["context"], items_matrix(d["candidates"]))
+        for d in docs
+    ]
     rng = random.Random(11)
     run_tag = f"chaos-{time.time_ns()}"
-    answered: list[str] = []
-    lifetimes = []
-    for kill in range(kills):
+    answered: dict[str, list[str]] = {"http": [], "binary": []}
+    lifetimes, ingester_alive, ingester_kills = [], [], 0
+    ingester = _start_ingester(root, env, 0)
+    for kill in range(args.worker_kills):
         worker = start_worker(env, root / f"worker-{kill}.log")
         worker.wait_ready(timeout_s=120)
         stop = threading.Event()
         senders = [
             threading.Thread(
                 target=_send_until_dead,
-                args=(worker.http_url, docs, f"{run_tag}-k{kill}-c{c}", answered, stop),
+                args=(worker.http_url, docs, f"{run_tag}-k{kill}-h{c}", answered["http"], stop),
             )
-            for c in range(connections)
+            for c in range(args.connections)
+        ] + [
+            threading.Thread(
+                target=_send_binary_until_dead,
+                args=(
+                    worker.binary_host,
+                    worker.binary_port,
+                    binary,
+                    f"{run_tag}-k{kill}-b{c}",
+                    answered["binary"],
+                    stop,
+                    args.binary_depth,
+                ),
+            )
+            for c in range(args.binary_connections)
         ]
-        for s in senders:
-            s.start()
+        for sender in senders:
+            sender.start()
+        started = time.monotonic()
         lifetime = rng.uniform(0.5, 2.0)  # a few flush intervals: anywhere inside one
-        time.sleep(lifetime)
+        if kill % args.ingester_kill_every == args.ingester_kill_every - 1:
+            time.sleep(rng.uniform(0.1, lifetime))  # the ingester dies mid-loop, under load
+            ingester.kill()
+            ingester.wait()
+            ingester_kills += 1
+            ingester = _start_ingester(root, env, ingester_kills)
+            lifetime = max(lifetime, time.monotonic() - started + 0.2)  # some load on the new one
+        time.sleep(max(lifetime - (time.monotonic() - started), 0.0))
+        ingester_alive.append(ingester.poll() is None)
         os.kill(worker.process.pid, signal.SIGKILL)
         lifetimes.append(lifetime)
-        for s in senders:
-            s.join(timeout=30)
+        for sender in senders:
+            sender.join(timeout=30)
         stop.set()
         worker.stop()
+    ingester.kill()  # the reader below drains what is left (not counted as a kill under load)
+    ingester.wait()
     client = logstore.reading.connect_for_reading(
         env["RELAY_CLICKHOUSE_DSN"], Path(env["RELAY_HOME"]) / "spool"
     )
@@ -117,15 +224,31 @@ def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) 
             parameters={"tag": run_tag},
         ).result_rows
     )
+    every = answered["http"] + answered["binary"]
+    by_transport = {
+        name: {
+            "answered": len(ids),
+            "rows_lost": sum(1 for rid in ids if rid not in counts),
+            "rows_duplicated": sum(1 for rid in ids if counts.get(rid, 0) > 1),
+        }
+        for name, ids in answered.items()
+    }
     return {
-        "worker_kills": kills,
-        "answered": len(answered),
+        "worker_kills": args.worker_kills,
+        "answered": len(every),
         "rows_logged": int(sum(counts.values())),
-        "rows_lost": sum(1 for rid in answered if rid not in counts),
+        "rows_lost": sum(1 for rid in every if rid not in counts),
         "rows_duplicated": sum(1 for n in counts.values() if n > 1),
+        "transports": sorted(name for name, ids in answered.items() if ids),
+        "by_transport": by_transport,
+        "concurrent_ingestion": all(ingester_alive),
+        "ingester_kills": ingester_kills,
+        "requests_in_flight": args.connections + args.binary_connections * args.binary_depth,
         "kill_after_ready_s_min": round(min(lifetimes), 3),
         "kill_after_ready_s_max": round(max(lifetimes), 3),
-        "load_connections": connections,
+        "load_connections": args.connections,
+        "binary_connections": args.binary_connections,
+        "binary_depth": args.binary_depth,
     }
 
 
@@ -338,7 +461,12 @@ def _release_figures(kills: list[dict[str, Any]], lease_s: float) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker-kills", type=int, default=20)
-    parser.add_argument("--connections", type=int, default=4, help="load threads per kill")
+    parser.add_argument("--connections", type=int, default=16, help="JSON load threads per kill")
+    parser.add_argument("--binary-connections", type=int, default=2)
+    parser.add_argument("--binary-depth", type=int, default=8, help="in flight per connection")
+    parser.add_argument("--ingester-kill-every", type=int, default=3, help="worker kills")
+    parser.add_argument("--ingest-every-s", type=float, default=0.2)
+    parser.add_argument("--ingest-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--release-kills", type=int, default=5)
     parser.add_argument("--lease-s", type=float, default=15.0, help="canary lease of part 3")
     parser.add_argument("--events", type=int, default=20_000, help="events of the serving model")
@@ -349,6 +477,14 @@ def main() -> None:
     parser.add_argument("--logging-seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
+    if args.ingest_loop:  # the ingester child of part 1: the environment names its store
+        from relay.settings import get_settings
+
+        settings = get_settings()
+        ingest_loop(
+            settings.resolved_clickhouse_dsn, str(settings.resolved_spool_dir), args.ingest_every_s
+        )
+        return
     started = time.monotonic()
 
     from bench.serving import build_small_version
@@ -365,7 +501,7 @@ def main() -> None:
             "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
             "RELAY_SERVING_STABLE_REF": manifest.version,
         }
-        figures: dict[str, Any] = worker_kills(tmp, env, args.worker_kills, args.connections)
+        figures: dict[str, Any] = worker_kills(tmp, env, args)
         print(json.dumps(figures), flush=True)
         figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
         print(
