@@ -1,15 +1,22 @@
-"""Benchmark crash safety: serving workers and release flows SIGKILLed at random moments.
+"""Benchmark crash safety: serving workers, the log ingester and release flows SIGKILLed.
 
-    python -m bench.chaos [--worker-kills 20] [--release-kills 5] [--lease-s 15] [--out PATH]
+    python -m bench.chaos [--worker-kills 20] [--release-kills 5] [--lease-s 30] [--out PATH]
 
 Three parts, one run, loopback only; every loop is bounded in count and time and stops by itself.
 
-1. **Worker kills.** One serving worker under steady closed-loop load (JSON requests, each with
-   its own request id) is SIGKILLed at a random moment 0.5-2 s after it became ready, then
-   restarted on the same spool, `--worker-kills` times. The reader then ingests the spool (and the
-   last worker's write-ahead file) and every answered request id is looked up:
-   `answered` (200s the clients saw), `rows_logged`, `rows_lost` (answered, no row),
-   `rows_duplicated` (ids with more than one row). Target 0 lost, 0 duplicated.
+1. **Worker kills while ingestion runs.** One serving worker under steady load on both
+   transports — `--connections` JSON HTTP clients (one request in flight each) and
+   `--binary-connections` binary-protocol clients with `--binary-depth` requests in flight each
+   (default 16 + 2 x 8 = 32 in flight), every request with its own id — is SIGKILLed at a random
+   moment 0.5-2 s after it became ready, then restarted on the same spool, `--worker-kills` times.
+   All the while a separate ingester process loops over the spool (`ingest_spool` of every log
+   table every `--ingest-every-s`), and every `--ingester-kill-every` worker kills the ingester
+   itself is SIGKILLed at a random moment under load and restarted. At the end the reader
+   ingests what is left and every answered request id is looked up: `answered` (answers the
+   clients saw), `rows_logged`, `rows_lost` (answered, no row), `rows_duplicated` (ids with more
+   than one row), per transport too (`by_transport`); `concurrent_ingestion` is true when an
+   ingester was alive at every worker kill; `ingester_kills` counts the kills under load.
+   Target 0 lost, 0 duplicated.
 2. **Logging cost**, measured in the same run: two workers of the same model side by side, one
    logging and one not, closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
    `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10).
@@ -21,11 +28,13 @@ Three parts, one run, loopback only; every loop is bounded in count and time and
    `orphan_canary_s` (kill → every worker at canary weight 0), `canary_unloaded_s` (kill → the
    guard's reconciliation unloaded it), `prefect_state_after` (the run's state once Prefect
    decided: the pool worker's own verdict, or the heartbeat automation's), `champion_unchanged`,
-   `next_release_started` (the next release, or a final one, left the queue and ran). A release
-   that ends before its canary (its plan paused and nobody answered) is not a kill: it is listed
-   in `releases_ended_before_their_canary` and another is started, at most twice as many. The canary
-   lease is `--lease-s` (short, so the run takes minutes); the target is every worker off the
-   canary within the lease plus one renewal period (a third of it).
+   `next_release_started` (checked for every kill: the release started right after it — the
+   next kill's, a skipped one, or a final one — left the queue and ran; `next_release_run` names
+   it). A release that ends before its canary (its plan paused and nobody answered) is not a
+   kill: it is listed in `releases_ended_before_their_canary` and another is started, at most
+   twice as many. The canary lease is `--lease-s`, by default the production default
+   (RELAY_SERVING_CANARY_LEASE_S); the target is every worker off the canary within one lease
+   of the kill (`orphan_canary_bound_s`: + 1 s for the watchdog's tick and this bench's poll).
 
 Writes bench/results/chaos.json (or --out).
 """
@@ -51,7 +60,10 @@ from typing import Any
 
 import httpx
 
+from relay.settings import Settings
+
 RESULTS = Path(__file__).parent / "results"
+PRODUCTION_LEASE_S: float = Settings.model_fields["serving_canary_lease_s"].default
 TOKEN = "bench-chaos-token"
 RELEASE = "retrain-and-release/retrain-and-release"
 GUARD = "release-guard/release-guard"
@@ -350,19 +362,25 @@ def release_kills(root: Path, kills: int, lease_s: float, events: int) -> dict[s
                 f"the first release made no champion: {first['state_name']}: {outcome}"
             )
         skipped: list[dict[str, Any]] = []
+        tried: list[dict[str, Any]] = []  # every release started, kill or not, in order
         for attempt in range(2 * kills):  # a release that ends before its canary is not a kill
             if len(kills_out) == kills:
                 break
             mode = "pool" if len(kills_out) % 2 == 0 else "embedded"
             outcome = _kill_one_release(stack, mode, 10 + attempt, lease_s, rng)
             (kills_out if "orphan_canary_s" in outcome else skipped).append(outcome)
+            tried.append(outcome)
             print(json.dumps(outcome), flush=True)
         # the last kill's successor: one more release must leave the queue and start running;
         # then it is cancelled (what it would do is the first release's business)
         last = stack.run_deployment(RELEASE, {**_release_params(99, lease_s), "deploy": False})
         started = _poll(lambda: stack.api("GET", f"/flow_runs/{last}")["start_time"], 600, 1.0)
-        if kills_out:
-            kills_out[-1]["next_release_started"] = started is not None
+        tried.append({"run": last, "run_started": started is not None})
+        # each kill's successor is the release started right after it: did Prefect run it?
+        for killed, successor in itertools.pairwise(tried):
+            if "orphan_canary_s" in killed:
+                killed["next_release_started"] = bool(successor.get("run_started"))
+                killed["next_release_run"] = successor.get("run")
         stack.api("POST", f"/flow_runs/{last}/set_state", {"state": {"type": "CANCELLING"}})
         stack.wait_for_run(last, timeout_s=120)
     finally:
@@ -405,7 +423,12 @@ def _kill_one_release(
             _kill_group(embedded.pid)
             embedded.wait(timeout=30)
         final = ended() or {}
-        return {"mode": mode, "run": run_id, "ended": final.get("state_name", "still running")}
+        return {
+            "mode": mode,
+            "run": run_id,
+            "run_started": bool(started.get("start_time")),
+            "ended": final.get("state_name", "still running"),
+        }
     time.sleep(rng.uniform(0, lease_s / 3))  # anywhere between two renewals
     pids = [embedded.pid] if embedded is not None else stack.flow_run_pids()
     killed = time.monotonic()
@@ -427,21 +450,22 @@ def _kill_one_release(
         "mode": mode,
         "run": run_id,
         "deployment_run": bool(started.get("deployment_id")),
+        "run_started": bool(started.get("start_time")),
         "killed_pids": len(pids),
         "orphan_canary_s": None if orphan_s is None else round(orphan_s, 2),
         "canary_unloaded_s": round(time.monotonic() - killed, 1) if unloaded else None,
         "prefect_state_after": final["state_name"] if final else "Running",
         "prefect_state_message": (final or {}).get("state", {}).get("message", "")[:200],
         "champion_unchanged": stack.store().get_alias("champion") == champion,
-        "next_release_started": None,  # filled in when the next release starts
+        "next_release_started": None,  # the next release's own run_started, filled in after it
     }
 
 
 def _release_figures(kills: list[dict[str, Any]], lease_s: float) -> dict[str, Any]:
-    for earlier in kills[:-1]:
-        earlier["next_release_started"] = True  # the next kill's release ran into its canary
     orphan = [k["orphan_canary_s"] for k in kills if k.get("orphan_canary_s") is not None]
-    bound = lease_s + lease_s / 3
+    # One lease after the last renewal, which came before the kill; + the watchdog's 0.1 s tick
+    # and this bench's 0.25 s poll of the fleet, rounded up.
+    bound = lease_s + 1.0
     return {
         "release_kills": len(kills),
         "release_kill_modes": sorted({k["mode"] for k in kills}),
@@ -468,7 +492,12 @@ def main() -> None:
     parser.add_argument("--ingest-every-s", type=float, default=0.2)
     parser.add_argument("--ingest-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--release-kills", type=int, default=5)
-    parser.add_argument("--lease-s", type=float, default=15.0, help="canary lease of part 3")
+    parser.add_argument(
+        "--lease-s",
+        type=float,
+        default=PRODUCTION_LEASE_S,
+        help="canary lease of part 3 (default: the production default)",
+    )
     parser.add_argument("--events", type=int, default=20_000, help="events of the serving model")
     parser.add_argument(
         "--release-events", type=int, default=40_000, help="events seeded for the releases"

@@ -149,6 +149,7 @@ def measure_fleet(
         target=load, args=(urls, str(bodies_path), args.rps, stop_at, str(out))
     )
     traffic.start()
+    load_before = os.getloadavg()[0]
     try:
         time.sleep(1.0)
         run = flow(name="bench-rollback", log_prints=False)(rollback_cycles)
@@ -156,7 +157,9 @@ def measure_fleet(
     finally:
         Path(str(out) + ".stop").touch()
         traffic.join(timeout=60)
-    return _size_figures(len(urls), cycles, out)
+    # the machine's 1-min load average around the cycles: these cores are shared
+    machine = {"load_average_1m_before": load_before, "load_average_1m_after": os.getloadavg()[0]}
+    return _size_figures(len(urls), cycles, out) | machine
 
 
 def renewal_cost(

@@ -263,11 +263,14 @@ def check_slot(slot: object) -> str:
     return str(slot)
 
 
+# A lease runs out on the worker itself: no caller may say so.
+_GIVEN_REASONS = {r.value: r for r in CanaryRemoval if r is not CanaryRemoval.lease_expired}
+
+
 def check_removal_reason(reason: object) -> CanaryRemoval:
     """Why the fleet takes this canary out (400 unless a CanaryRemoval a caller may give)."""
-    given = {r.value: r for r in CanaryRemoval if r is not CanaryRemoval.lease_expired}
-    if not isinstance(reason, str) or reason not in given:
+    if not isinstance(reason, str) or reason not in _GIVEN_REASONS:
         raise RequestRejected(
-            "bad_reason", f"reason must be one of {', '.join(given)}, got {reason!r}"
+            "bad_reason", f"reason must be one of {', '.join(_GIVEN_REASONS)}, got {reason!r}"
         )
-    return given[reason]
+    return _GIVEN_REASONS[reason]
