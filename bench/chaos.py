@@ -165,8 +165,10 @@ def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> d
     """SIGKILL a loaded worker `args.worker_kills` times, restarting it on the same spool, while
     an ingester loops; the ingester is SIGKILLed too, every `args.ingester_kill_every` worker
     kills, at a random moment, and restarted. Every answered request's row, by request id."""
+    import logstore
     import logstore.reading
     from bench.serving import request_docs
+    from logstore.spool import INFERENCE_LOGS, ingest_spool
     from serving.client import BinaryRequest, items_matrix
     from serving.process import start_worker
 
@@ -226,9 +228,11 @@ def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> d
         worker.stop()
     ingester.kill()  # the reader below drains what is left (not counted as a kill under load)
     ingester.wait()
-    client = logstore.reading.connect_for_reading(
-        env["RELAY_CLICKHOUSE_DSN"], Path(env["RELAY_HOME"]) / "spool"
-    )
+    spool = Path(env["RELAY_HOME"]) / "spool"
+    client = logstore.connect(env["RELAY_CLICKHOUSE_DSN"])
+    # what the loop had not ingested when its last ingester died (and what that one left half-way)
+    left = ingest_spool(client, INFERENCE_LOGS.spool_dir(spool), INFERENCE_LOGS)
+    client = logstore.reading.connect_for_reading(env["RELAY_CLICKHOUSE_DSN"], spool)
     counts = dict(
         client.query(
             "SELECT request_id, count() FROM inference_logs "
@@ -254,6 +258,9 @@ def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> d
         "transports": sorted(name for name, ids in answered.items() if ids),
         "by_transport": by_transport,
         "concurrent_ingestion": all(ingester_alive),
+        "rows_ingested_while_running": int(sum(counts.values())) - left.rows,
+        "rows_left_for_the_final_reader": left.rows,
+        "segments_recovered_from_killed_ingesters_at_the_end": left.recovered,
         "ingester_kills": ingester_kills,
         "requests_in_flight": args.connections + args.binary_connections * args.binary_depth,
         "kill_after_ready_s_min": round(min(lifetimes), 3),
