@@ -17,9 +17,11 @@ Three parts, one run, loopback only; every loop is bounded in count and time and
    than one row), per transport too (`by_transport`); `concurrent_ingestion` is true when an
    ingester was alive at every worker kill; `ingester_kills` counts the kills under load.
    Target 0 lost, 0 duplicated.
-2. **Logging cost**, measured in the same run: two workers of the same model side by side, one
-   logging and one not, closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
-   `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10).
+2. **Logging and fsync cost**, measured in the same run: three workers of the same model side by
+   side, one logging, one not, one logging with RELAY_SERVING_LOG_FSYNC=request (each row msynced
+   before its answer), closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
+   `worker_fsync_rps`, `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10),
+   `fsync_cost` = 1 - worker_fsync_rps / worker_rps, `p50_ms_by_log_mode`.
 3. **Release-flow kills.** A deployed local stack (`make up`'s scripts: Prefect server, pools,
    deployments and automations, a `cpu` pool worker, two serving workers). A first release makes
    a champion; then `--release-kills` releases are each SIGKILLed (the flow process and its whole
@@ -273,19 +275,26 @@ def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> d
 
 # -- 2. logging cost -------------------------------------------------------------------------------
 def logging_cost(root: Path, env: dict[str, str], rounds: int, seconds: float) -> dict[str, Any]:
-    """Closed-loop req/s of a logging and a non-logging worker, alternating rounds; medians."""
+    """Closed-loop req/s of a logging, a non-logging and a logging worker that msyncs every
+    row before answering (RELAY_SERVING_LOG_FSYNC=request), alternating rounds; medians."""
     from bench.serving import http_load, http_requests, request_docs, run_async
     from serving.process import start_worker
 
     docs = request_docs(200)
+    modes = (
+        ("worker", {"RELAY_SERVING_REQUEST_LOG": "true"}),
+        ("worker_nolog", {"RELAY_SERVING_REQUEST_LOG": "false"}),
+        (
+            "worker_fsync",
+            {"RELAY_SERVING_REQUEST_LOG": "true", "RELAY_SERVING_LOG_FSYNC": "request"},
+        ),
+    )
     servers = {
-        name: start_worker(
-            {**env, "RELAY_HOME": str(root / name), "RELAY_SERVING_REQUEST_LOG": log},
-            root / f"{name}.log",
-        )
-        for name, log in (("worker", "true"), ("worker_nolog", "false"))
+        name: start_worker({**env, "RELAY_HOME": str(root / name), **extra}, root / f"{name}.log")
+        for name, extra in modes
     }
     rates: dict[str, list[float]] = {name: [] for name in servers}
+    p50: dict[str, list[float]] = {name: [] for name in servers}
     try:
         for w in servers.values():
             w.wait_ready(timeout_s=120)
@@ -295,15 +304,21 @@ def logging_cost(root: Path, env: dict[str, str], rounds: int, seconds: float) -
                 load = http_load(
                     host, int(port), http_requests(docs, host, int(port)), 8, seconds, 1.0
                 )
-                rates[name].append(run_async(load).figures()["rps"])
+                figures = run_async(load).figures()
+                rates[name].append(figures["rps"])
+                p50[name].append(figures["p50_ms"])
     finally:
         for w in servers.values():
             w.stop()
     logged, bare = statistics.median(rates["worker"]), statistics.median(rates["worker_nolog"])
+    synced = statistics.median(rates["worker_fsync"])
     return {
         "worker_rps": round(logged, 1),
         "worker_nolog_rps": round(bare, 1),
         "logging_cost": round(1 - logged / bare, 4) if bare else None,
+        "worker_fsync_rps": round(synced, 1),
+        "fsync_cost": round(1 - synced / logged, 4) if logged else None,
+        "p50_ms_by_log_mode": {name: round(statistics.median(v), 3) for name, v in p50.items()},
         "logging_rounds": rounds,
         "logging_round_s": seconds,
     }
@@ -541,7 +556,12 @@ def main() -> None:
         print(json.dumps(figures), flush=True)
         figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
         print(
-            json.dumps({k: figures[k] for k in ("worker_rps", "worker_nolog_rps", "logging_cost")}),
+            json.dumps(
+                {
+                    k: figures[k]
+                    for k in ("worker_rps", "worker_nolog_rps", "logging_cost", "fsync_cost")
+                }
+            ),
             flush=True,
         )
         if args.release_kills:

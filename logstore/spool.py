@@ -510,8 +510,10 @@ class RequestLogWriter:
         connect_server: Callable[[], LogServer] | None,
         flush_s: float,
         batch_rows: int,
+        sync_each_record: bool = False,
     ) -> None:
         self.spool = spool
+        self._sync_each_record = sync_each_record  # RELAY_SERVING_LOG_FSYNC=request
         self._connect_server = connect_server
         self._server: LogServer | None = None
         self._server_down_since: float | None = None
@@ -559,6 +561,8 @@ class RequestLogWriter:
                     batch.wal = None
             if batch.wal is None:
                 self.stats.wal_failures += len(rows)
+            elif self._sync_each_record:  # on the disk before the answer, not only in the cache
+                batch.wal.sync_tail(len(payload) + wal.HEADER.size)
             batch.rows.extend(rows)
             if len(batch.rows) >= self._batch_rows:
                 self._sealed.append(batch)

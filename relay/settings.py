@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -106,6 +107,15 @@ class Settings(BaseSettings):
     )
     serving_log_batch_rows: int = Field(
         default=20_000, ge=1, description="Most log rows per insert or spool segment."
+    )
+    serving_log_fsync: Literal["rotation", "request"] = Field(
+        default="rotation",
+        description="When a log row reaches the disk, not only the page cache. `rotation`: its "
+        "segment is fsynced when the write-ahead file rotates (every RELAY_SERVING_LOG_FLUSH_MS): "
+        "every answered request's row survives a SIGKILL, a host's power loss can lose the rows "
+        "since the last rotation. `request`: the row's write-ahead record is msynced before the "
+        "answer is sent, so nothing answered is lost to a power loss either, at a cost measured "
+        "by bench.chaos (`fsync_cost`).",
     )
     serving_request_log: bool = Field(
         default=True,
