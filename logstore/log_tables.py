@@ -13,11 +13,14 @@ which the log store's owner holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from relay.features import CATEGORICAL, DENSE
 
@@ -33,7 +36,9 @@ class LogTable:
     `subdir` is where its files live in the spool folder ("" = the folder itself, where
     inference_logs has always been). `later` lists the columns added after rows were first
     written, with the value (ClickHouse's column default) a row or segment from a worker that
-    predates them gets.
+    predates them gets. `journal` is the compact schema a writer may hand columnar batches in
+    instead (write-ahead records, memory), and `from_journal` turns such a table into this
+    table's rows; the table itself, and so its readers, never see the journal form.
     """
 
     name: str
@@ -42,6 +47,14 @@ class LogTable:
     subdir: str = ""
     later: tuple[tuple[str, Any], ...] = ()
     time_column: str = "ts"
+    journal: pa.Schema | None = None
+    from_journal: Callable[[pa.Table], pa.Table] | None = None
+
+    def expand(self, journal: pa.Table) -> pa.Table:
+        """A table in the journal schema as rows of this table's schema."""
+        if self.from_journal is None:
+            raise ValueError(f"the {self.name} table has no journal form")
+        return self.from_journal(journal)
 
     def complete(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """`row` with the later columns it lacks (it was written before them) at their defaults."""
@@ -69,6 +82,58 @@ class LogTable:
 IMPRESSION_FEATURES = [(c.name, pa.uint64()) for c in CATEGORICAL] + [
     (d.name, pa.float32()) for d in DENSE
 ]
+# What an engine batch's impressions are written ahead as (serving.feedback.impression_batch):
+# the per-request values once, as dictionaries the rows index into, and each candidate's raw
+# feature row (float64, as the model saw it) as one fixed-size list whose field metadata names
+# its columns, so any reader can expand it. Building it is a handful of array wraps;
+# `impressions_from_journal` expands it, off the request path, into the table's rows with
+# exactly the types and values the row-wise writer gave them.
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_REQUEST_COLUMNS = ("request_id", "slot", "model_version", "lineage_id", "session_id")
+N_RAW_FEATURES = len(CATEGORICAL) + len(DENSE)
+IMPRESSION_JOURNAL = pa.schema(
+    [
+        ("ts", pa.timestamp("ms", tz="UTC")),
+        ("request_id", _DICT),
+        ("rank", pa.uint16()),
+        ("slot", _DICT),
+        ("model_version", _DICT),
+        ("lineage_id", _DICT),
+        ("session_id", _DICT),
+        ("score", pa.float32()),
+        ("features", pa.list_(pa.float64(), N_RAW_FEATURES)),
+    ]
+)
+
+
+def impression_journal(raw_order: tuple[str, ...]) -> pa.Schema:
+    """The journal schema for feature rows whose columns are `raw_order` (27 names, once each)."""
+    if sorted(raw_order) != sorted([*(c.name for c in CATEGORICAL), *(d.name for d in DENSE)]):
+        raise ValueError(f"a raw feature order names the 27 features once each, not {raw_order}")
+    at = IMPRESSION_JOURNAL.get_field_index("features")
+    field = IMPRESSION_JOURNAL.field(at).with_metadata({"columns": ",".join(raw_order)})
+    return IMPRESSION_JOURNAL.set(at, field)
+
+
+def impressions_from_journal(journal: pa.Table) -> pa.Table:
+    """IMPRESSION_JOURNAL rows as IMPRESSIONS rows: dictionaries decoded, features split."""
+    meta = journal.schema.field("features").metadata or {}
+    names = meta.get(b"columns", b"").decode().split(",")
+    if len(names) != N_RAW_FEATURES:
+        raise ValueError("an impressions journal without the names of its feature columns")
+    raw = journal.column("features").combine_chunks().flatten().to_numpy()
+    raw = raw.reshape(-1, N_RAW_FEATURES)
+    at = {name: j for j, name in enumerate(names)}
+    columns: dict[str, Any] = {n: journal.column(n) for n in ("ts", "rank", "score")}
+    for name in _REQUEST_COLUMNS:
+        columns[name] = pc.cast(journal.column(name), pa.string())
+    for c in CATEGORICAL:  # whole numbers the worker accepted: exact in uint64
+        columns[c.name] = pa.array(raw[:, at[c.name]].astype(np.uint64))
+    for d in DENSE:  # rounded to float32, as the row-wise writer rounded them
+        columns[d.name] = pa.array(raw[:, at[d.name]].astype(np.float32))
+    return pa.table([columns[n] for n in IMPRESSIONS.schema.names], schema=IMPRESSIONS.schema)
+
+
 IMPRESSIONS = LogTable(
     "impressions",
     pa.schema(
@@ -86,6 +151,8 @@ IMPRESSIONS = LogTable(
     ),
     key=("request_id", "rank"),
     subdir="impressions",
+    journal=IMPRESSION_JOURNAL,
+    from_journal=impressions_from_journal,
 )
 IMPRESSION_COLUMNS: tuple[str, ...] = tuple(IMPRESSIONS.schema.names)
 

@@ -128,6 +128,12 @@ class Settings(BaseSettings):
         description="Share of answered requests whose candidates are logged as impressions "
         "(chosen by a hash of the request id); lower it in production to bound the log volume.",
     )
+    serving_log_max_pending_rows: int = Field(
+        default=400_000,
+        ge=1,
+        description="Log rows of one table written ahead but not yet out above which the worker "
+        "refuses new predict requests (503 log_backpressure, counted) until its writer catches up.",
+    )
     serving_max_feedback_events: int = Field(
         default=100, ge=1, description="Most events in one POST /v1/feedback body."
     )

@@ -5,6 +5,10 @@ request has waited `max_delay_s`. One batch runs at a time on the model's own th
 Runtime releases the GIL, so the event loop keeps parsing meanwhile); whatever arrives during a
 run forms the next batch, dispatched as soon as the run ends. So batches grow with load, and no
 request waits for company longer than the delay.
+
+A batcher's `finish` hook sees each scored batch whole on the engine thread, before any of its
+answers is delivered: the worker logs the batch's impressions there, as one columnar record,
+so the event loop only ever hands references over and an answer implies its rows are written.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +40,10 @@ class BatchTiming:
 
 # (this request's scores, its batch) on success, or (None, None, the reason) on failure.
 Delivery = Callable[[np.ndarray | None, BatchTiming | None, RequestRejected | None], None]
+# On the engine thread: (each request's tag, its rows, the batch's raw rows, their scores) ->
+# the scores to deliver. It may change them (a slot's ranking) and must not keep `raw` mutable.
+Finish = Callable[[list[Any], list[int], np.ndarray, np.ndarray], np.ndarray]
+_Item = tuple[np.ndarray, Delivery, Any]
 
 
 class Batcher:
@@ -47,13 +56,15 @@ class Batcher:
         max_rows: int,
         max_delay_s: float,
         on_batch: Callable[[BatchTiming], None] | None = None,
+        finish: Finish | None = None,
     ) -> None:
         self.model = model
         self.max_rows = max_rows
         self.max_delay_s = max_delay_s
         self._on_batch = on_batch
+        self._finish = finish
         self._loop = asyncio.get_running_loop()
-        self._queue: deque[tuple[np.ndarray, Delivery]] = deque()
+        self._queue: deque[_Item] = deque()
         self._queued_rows = 0
         self._timer: asyncio.TimerHandle | None = None
         self._busy = False
@@ -69,12 +80,15 @@ class Batcher:
         """Requests waiting for an engine call."""
         return len(self._queue)
 
-    def submit(self, raw: np.ndarray, deliver: Delivery) -> None:
-        """Queue one request's raw rows; `deliver` is called on the event loop with its scores."""
+    def submit(self, raw: np.ndarray, deliver: Delivery, tag: Any = None) -> None:
+        """Queue one request's raw rows; `deliver` is called on the event loop with its scores.
+
+        `tag` is handed to the `finish` hook with the request's rows.
+        """
         if self._closing:
             deliver(None, None, RequestRejected("not_ready", "model is unloading", 503))
             return
-        self._queue.append((raw, deliver))
+        self._queue.append((raw, deliver, tag))
         self._queued_rows += raw.shape[0]
         self._idle.clear()
         if self._busy:
@@ -102,7 +116,7 @@ class Batcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        taken: list[tuple[np.ndarray, Delivery]] = []
+        taken: list[_Item] = []
         rows = 0
         while self._queue and (not taken or rows + self._queue[0][0].shape[0] <= self.max_rows):
             item = self._queue.popleft()
@@ -114,7 +128,7 @@ class Batcher:
         future = self._loop.run_in_executor(self._executor, self._compute, taken, timing)
         future.add_done_callback(lambda f: self._complete(f, taken, timing))
 
-    def _compute(self, taken: list[tuple[np.ndarray, Delivery]], timing: BatchTiming) -> np.ndarray:
+    def _compute(self, taken: list[_Item], timing: BatchTiming) -> np.ndarray:
         # Runs on the engine thread.
         t0 = time.perf_counter()
         raw = taken[0][0] if len(taken) == 1 else np.concatenate([t[0] for t in taken])
@@ -123,12 +137,16 @@ class Batcher:
         scores = self.model.engine.run(x)
         timing.preprocess_s = t1 - t0
         timing.compute_s = time.perf_counter() - t1
+        if self._finish is not None:
+            scores = self._finish(
+                [t[2] for t in taken], [t[0].shape[0] for t in taken], raw, scores
+            )
         return scores
 
     def _complete(
         self,
         future: asyncio.Future[np.ndarray],
-        taken: list[tuple[np.ndarray, Delivery]],
+        taken: list[_Item],
         timing: BatchTiming,
     ) -> None:
         self._busy = False
@@ -137,14 +155,14 @@ class Batcher:
             failure = RequestRejected(
                 "engine_error", f"{self.model.engine.name} failed: {error}", 500
             )
-            for _, deliver in taken:
+            for _, deliver, _ in taken:
                 deliver(None, None, failure)
         else:
             scores = future.result()
             if self._on_batch is not None:
                 self._on_batch(timing)
             offset = 0
-            for raw, deliver in taken:
+            for raw, deliver, _ in taken:
                 n = raw.shape[0]
                 deliver(scores[offset : offset + n], timing, None)
                 offset += n

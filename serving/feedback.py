@@ -1,9 +1,10 @@
 """What users did with what was served: impressions written per answer, feedback accepted per POST.
 
-Every answered predict request becomes one `impressions` row per candidate (sampled by request
+Every scored predict request becomes one `impressions` row per candidate (sampled by request
 at RELAY_SERVING_IMPRESSION_SAMPLE_RATE, so a request's candidates are logged all or none):
 the 27 features as the model saw them, its score and the rank that score gave the item, which
-is where the shopper sees it. `POST /v1/feedback` takes a shopper's clicks and orders on one
+is where the shopper sees it. An engine batch's impressions are written as one columnar record
+(`impression_batch`), on the engine's thread, before the batch's answers go out. `POST /v1/feedback` takes a shopper's clicks and orders on one
 request's items:
 
     {"request_id": "...", "events": [{"item_id": 5000123, "event": "click"},
@@ -22,18 +23,17 @@ import hashlib
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
 
-from logstore.log_tables import FEEDBACK_EVENTS
+from logstore.log_tables import FEEDBACK_EVENTS, impression_journal
 from logstore.spool import RequestLogWriter
-from relay.features import CATEGORICAL, DENSE
-from serving.schema import MAX_ID_CHARS, RAW_INDEX, RequestRejected, json_object
+from serving.schema import MAX_ID_CHARS, RAW_ORDER, RequestRejected, json_object
 
-_CAT_INDEX = [RAW_INDEX[c.name] for c in CATEGORICAL]
-_DENSE_INDEX = [RAW_INDEX[d.name] for d in DENSE]
 _ITEM_ID_LIMIT = 2**64
 
 
@@ -115,9 +115,8 @@ def sampled(request_id: str, rate: float) -> bool:
     return int.from_bytes(digest, "little") < rate * 2**64
 
 
-@dataclass(frozen=True)
-class Answered:
-    """An answered predict request, as its impressions need it."""
+class Impressed(Protocol):
+    """What a scored request's impressions need from it (serving.worker.Exchange has it)."""
 
     ts: float
     request_id: str
@@ -125,22 +124,47 @@ class Answered:
     version: str
     lineage_id: str
     session_id: str
-    raw: np.ndarray  # (n, 27) raw features in serving.schema.RAW_ORDER
-    scores: np.ndarray  # (n,)
 
 
-def impression_rows(answered: Answered) -> list[tuple[Any, ...]]:
-    """One impressions row per candidate (logstore.log_tables.IMPRESSIONS column order)."""
-    scores = np.asarray(answered.scores, dtype=np.float64)
-    n = len(scores)
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.argsort(-scores, kind="stable")] = np.arange(1, n + 1)
-    categorical = answered.raw[:, _CAT_INDEX].astype(np.uint64).tolist()
-    dense = answered.raw[:, _DENSE_INDEX].tolist()
-    head = (answered.ts, answered.request_id)
-    tail = (answered.slot, answered.version, answered.lineage_id, answered.session_id)
-    ranks, values = rank.tolist(), scores.tolist()
-    return [(*head, ranks[i], *tail, values[i], *categorical[i], *dense[i]) for i in range(n)]
+IMPRESSION_JOURNAL = impression_journal(RAW_ORDER)
+
+
+def impression_batch(
+    requests: Sequence[Impressed], sizes: Sequence[int], raw: np.ndarray, scores: np.ndarray
+) -> pa.RecordBatch:
+    """One engine batch's impressions as one columnar journal batch (IMPRESSION_JOURNAL).
+
+    `raw` holds the requests' rows one request after the other (`sizes` rows each) and
+    `scores` their served scores. A candidate's rank is where its score puts it among its
+    request's candidates (1 = first; ties in the order they came). Per-request values are
+    dictionaries the rows index into: each is stored once per request, not once per row.
+    """
+    counts = np.asarray(sizes, dtype=np.int64)
+    n = int(counts.sum())
+    owner = np.repeat(np.arange(len(requests), dtype=np.int32), counts)
+    order = np.lexsort((-np.asarray(scores, dtype=np.float64), owner))  # stable, by request
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    rank = np.empty(n, dtype=np.uint16)
+    rank[order] = np.arange(1, n + 1) - starts
+    owners = pa.array(owner, pa.int32())
+
+    def per_request(values: list[str]) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(owners, pa.array(values, pa.string()))
+
+    ts_ms = np.round(np.array([r.ts for r in requests]) * 1000).astype(np.int64)
+    features = np.ascontiguousarray(raw, dtype=np.float64).reshape(-1)
+    arrays = [
+        pa.array(np.repeat(ts_ms, counts)).cast(IMPRESSION_JOURNAL.field("ts").type),
+        per_request([r.request_id for r in requests]),
+        pa.array(rank),
+        per_request([r.slot for r in requests]),
+        per_request([r.version for r in requests]),
+        per_request([r.lineage_id for r in requests]),
+        per_request([r.session_id for r in requests]),
+        pa.array(np.asarray(scores, dtype=np.float32)),
+        pa.FixedSizeListArray.from_arrays(pa.array(features), len(RAW_ORDER)),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=IMPRESSION_JOURNAL)
 
 
 class FeedbackLog:
@@ -164,13 +188,35 @@ class FeedbackLog:
     def writers(self) -> tuple[RequestLogWriter, RequestLogWriter]:
         return (self.impressions, self.feedback)
 
-    def write_impressions(self, answered: Answered) -> int:
-        """Write an answered request's impressions ahead (if sampled); the rows written."""
-        if not sampled(answered.request_id, self.sample_rate):
+    def write_impressions(
+        self,
+        requests: Sequence[Impressed],
+        sizes: Sequence[int],
+        raw: np.ndarray,
+        scores: np.ndarray,
+    ) -> int:
+        """Write a scored batch's impressions ahead as one record; the rows written.
+
+        Of requests that are sampled and whose scores are all finite (the others are answered
+        with an error, so nothing was shown). Called on the engine thread, before any of the
+        batch's answers is delivered.
+        """
+        counts = np.asarray(sizes, dtype=np.int64)
+        finite = np.isfinite(scores)
+        whole = np.logical_and.reduceat(finite, np.cumsum(counts) - counts)  # no empty request
+        keep = [
+            bool(ok) and sampled(r.request_id, self.sample_rate)
+            for r, ok in zip(requests, whole, strict=True)
+        ]
+        if not any(keep):
             return 0
-        rows = impression_rows(answered)
-        self.impressions.append_group(rows)
-        return len(rows)
+        if not all(keep):
+            rows = np.repeat(keep, counts)
+            requests = [r for r, k in zip(requests, keep, strict=True) if k]
+            counts, raw, scores = counts[keep], raw[rows], scores[rows]
+        batch = impression_batch(requests, counts.tolist(), raw, scores)
+        self.impressions.append_columns(batch)
+        return batch.num_rows
 
     def write_feedback(self, batch: FeedbackBatch) -> list[str]:
         """Write a feedback batch ahead, before it is acknowledged; the ids given to its rows."""

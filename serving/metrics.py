@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -53,6 +53,9 @@ class WorkerSnapshot:
     log_wal_ok: bool
     log_wal_failures: int
     trace_spans: dict[str, int]  # recorded, exported, dropped
+    log_pending_rows: dict[str, int] = field(default_factory=dict)  # table -> not yet out
+    log_pending_limit: int = 0  # over it, predict requests are refused
+    log_backpressure_rejections: int = 0
 
 
 class ServingMetrics:
@@ -257,6 +260,24 @@ class _StateCollector(Collector):
             "relay_log_wal_failures",
             "Log rows the write-ahead file could not take (kept in memory instead).",
             value=s.log_wal_failures,
+        )
+        pending = GaugeMetricFamily(
+            "relay_log_pending_rows",
+            "Log rows written ahead but not yet in a segment or ClickHouse, by table.",
+            labels=["table"],
+        )
+        for table, n in s.log_pending_rows.items():
+            pending.add_metric([table], n)
+        yield pending
+        yield GaugeMetricFamily(
+            "relay_log_pending_limit",
+            "Pending log rows of one table above which predict requests are refused.",
+            value=s.log_pending_limit,
+        )
+        yield CounterMetricFamily(
+            "relay_log_backpressure_rejections",
+            "Predict requests refused (503 log_backpressure) because a log writer was behind.",
+            value=s.log_backpressure_rejections,
         )
         spans = CounterMetricFamily(
             "relay_trace_spans",

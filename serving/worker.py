@@ -6,7 +6,11 @@ end in a single swap of the routing table. A watchdog task takes a canary whose 
 to weight 0 without that lock, so a slow load never delays it.
 
 Transports call `record` before they send an answer: it returns once the request's log row is
-in the operating system's hands (`logstore.spool.RequestLogWriter.append`).
+in the operating system's hands (`logstore.spool.RequestLogWriter.append`). A scored batch's
+impressions are written before that, on the engine thread (`_finish_batch`), as one columnar
+record. When a log writer falls behind (more than RELAY_SERVING_LOG_MAX_PENDING_ROWS rows not
+yet out), new predict requests are refused with 503 `log_backpressure`, counted in /metrics,
+until it catches up: load is shed in the open, and no answered request goes unlogged.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from relay.settings import Settings
 from relay.types import CanaryRemoval
 from serving.batching import Batcher, BatchTiming
 from serving.engine import LoadedModel
-from serving.feedback import Answered, FeedbackLog
+from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
@@ -47,6 +51,13 @@ from serving.schema import PredictRequest, RequestRejected
 from serving.tracing import RequestTracer, parent_context, traceparent_of
 
 log = logging.getLogger("serving.worker")
+
+
+def _rng() -> np.random.Generator:
+    # A fresh generator per use: engine threads of two slots may shuffle at once, and a
+    # Generator is not thread-safe. Only a `shuffled` ranking (fault injection) draws.
+    return np.random.default_rng()
+
 
 ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
 LEASE_CHECK_S = 0.1  # a lapsed canary keeps its users at most this much longer
@@ -87,7 +98,6 @@ class Exchange:
     injection: Injection | None = None
     injected_s: float = 0.0  # what the injection actually added, booked to its stage
     ranking: str = "model"  # how the slot ranks its answer (routing.RANKINGS)
-    raw: np.ndarray | None = None  # the request's raw features, for its impressions rows
     scores: np.ndarray | None = None
     batch: BatchTiming | None = None
     status: int = 200
@@ -128,6 +138,10 @@ class Worker:
         self.metrics = metrics
         self.log_writer = log_writer
         self.feedback_log = feedback_log
+        self._writers = [
+            *([log_writer] if log_writer is not None else []),
+            *(feedback_log.writers if feedback_log is not None else ()),
+        ]
         self.table: RoutingTable[Served] = RoutingTable()
         self.worker_id = f"{socket.gethostname()}-{secrets.token_hex(3)}"
         self.tracer = tracer or RequestTracer(settings, self.worker_id)
@@ -138,8 +152,8 @@ class Worker:
         self._retiring: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self._started = time.time()
-        self._rng = np.random.default_rng()  # for a `shuffled` ranking only
         self.canary_removals: dict[str, int] = {}  # by CanaryRemoval reason
+        self.backpressure_rejections = 0
         metrics.watch(self.snapshot)
 
     def start(self) -> None:
@@ -158,12 +172,11 @@ class Worker:
     ) -> None:
         """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
         ex.request_id = request.request_id or self.next_request_id()
-        ex.user_id, ex.session_id, ex.input_bytes, ex.rows, ex.raw = (
+        ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
             request.user_id,
             request.session_id,
             request.input_bytes,
             request.raw.shape[0],
-            request.raw,
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
         route = table.route(request.user_id)
@@ -172,13 +185,44 @@ class Worker:
             ex.reject(RequestRejected("not_ready", reason, 503))
             done(ex)
             return
+        behind = self.log_behind()
+        if behind is not None:
+            self.backpressure_rejections += 1
+            ex.reject(RequestRejected("log_backpressure", behind, 503))
+            done(ex)
+            return
         slot, served = route
         ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
         injection = table.injection(slot)
         ex.injection = injection if injection != Injection() else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
-        served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e))
+        served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
+
+    def log_behind(self) -> str | None:
+        """Why the log path cannot take another request now (a writer is behind), or None."""
+        limit = self.settings.serving_log_max_pending_rows
+        for writer in self._writers:
+            if writer.pending > limit:
+                return (
+                    f"the {writer.spool.table.name} log has {writer.pending} rows not yet "
+                    f"written out, over RELAY_SERVING_LOG_MAX_PENDING_ROWS={limit}: retry shortly"
+                )
+        return None
+
+    def _finish_batch(
+        self, exchanges: list[Exchange], sizes: list[int], raw: np.ndarray, scores: np.ndarray
+    ) -> np.ndarray:
+        """On the engine thread: each slot's ranking applied, the batch's impressions written."""
+        served = scores
+        if any(ex.ranking != "model" for ex in exchanges):
+            served, at = scores.copy(), 0
+            for ex, n in zip(exchanges, sizes, strict=True):
+                served[at : at + n] = perturbed(scores[at : at + n], ex.ranking, _rng())
+                at += n
+        if self.feedback_log is not None:
+            self.feedback_log.write_impressions(exchanges, sizes, raw, served)
+        return served
 
     def _scored(
         self,
@@ -196,7 +240,7 @@ class Worker:
             )
             ex.batch = batch
         else:
-            ex.scores, ex.batch = perturbed(scores, ex.ranking, self._rng), batch
+            ex.scores, ex.batch = scores, batch
         if ex.injection is not None:
             held_from = time.perf_counter()
 
@@ -264,19 +308,6 @@ class Worker:
                     ex.error_code,
                     ex.rows,
                     ex.traceparent[3:35],  # the trace id
-                )
-            )
-        if self.feedback_log is not None and ex.scores is not None and ex.raw is not None:
-            self.feedback_log.write_impressions(
-                Answered(
-                    ex.ts,
-                    ex.request_id,
-                    ex.slot,
-                    ex.version,
-                    ex.lineage_id,
-                    ex.session_id,
-                    ex.raw,
-                    ex.scores,
                 )
             )
 
@@ -360,6 +391,7 @@ class Worker:
                 max_rows=s.serving_max_batch_rows,
                 max_delay_s=s.serving_max_batch_delay_ms / 1000,
                 on_batch=lambda t: self.metrics.observe_batch(version, t),
+                finish=self._finish_batch,
             )
             self._swap(self.table.with_loaded(slot, Served(model, batcher)))
             log.info(
@@ -595,6 +627,9 @@ class Worker:
             spool_over_cap=bool(writer and writer.spool.over_cap),
             log_wal_ok=not (writer and writer.wal_error),
             log_wal_failures=stats.wal_failures if stats else 0,
+            log_pending_rows={w.spool.table.name: w.pending for w in self._writers},
+            log_pending_limit=self.settings.serving_log_max_pending_rows,
+            log_backpressure_rejections=self.backpressure_rejections,
             trace_spans={
                 "recorded": self.tracer.counts.recorded,
                 "exported": self.tracer.counts.exported,

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import orjson
+import pyarrow as pa
 import pytest
 
 from logstore.log_tables import IMPRESSION_COLUMNS, IMPRESSIONS
-from logstore.spool import rows_to_table
 from relay.features import FEATURE_NAMES
-from serving.feedback import Answered, decode_feedback, impression_rows, sampled
-from serving.schema import RequestRejected, decode_json
+from serving.feedback import FeedbackLog, decode_feedback, impression_batch, sampled
+from serving.schema import RAW_INDEX, RequestRejected, decode_json
 from tests.unit.test_serving_schema import make_doc
+
+
+@dataclass
+class Scored:
+    """A scored request as the worker's exchange holds it."""
+
+    request_id: str
+    ts: float = 1.7e9
+    slot: str = "stable"
+    version: str = "v1"
+    lineage_id: str = "l1"
+    session_id: str = "s-1"
 
 
 def body(**doc: object) -> bytes:
@@ -78,18 +93,37 @@ def test_malformed_feedback_is_refused_naming_the_field(raw: bytes, code: str, n
     assert refused.value.status == 400
 
 
-def test_impression_rows_hold_the_models_features_and_the_rank_its_scores_gave() -> None:
+def test_impressions_hold_the_models_features_and_the_rank_its_scores_gave() -> None:
     doc = make_doc(n=4, seed=3)
     request = decode_json(orjson.dumps(doc), 100)
     scores = np.array([0.1, 0.9, 0.5, 0.9], dtype=np.float32)
-    rows = impression_rows(Answered(1.7e9, "r", "stable", "v1", "l1", "s-1", request.raw, scores))
-    table = rows_to_table(rows, IMPRESSIONS)
-    assert table.column_names == list(IMPRESSION_COLUMNS)
+    batch = impression_batch([Scored("r")], [4], request.raw, scores)
+    table = IMPRESSIONS.expand(pa.Table.from_batches([batch]))
+    assert table.schema == IMPRESSIONS.schema and table.column_names == list(IMPRESSION_COLUMNS)
     assert table.column("rank").to_pylist() == [4, 1, 3, 2]  # ties keep the request's order
     assert table.column("item_id").to_pylist() == [c["item_id"] for c in doc["candidates"]]
     assert table.column("position").to_pylist() == [1, 2, 3, 4]  # as sent: what the model saw
     assert table.column("user_id").to_pylist() == [doc["user"]["user_id"]] * 4
+    assert table.column("score").to_pylist() == scores.tolist()
     assert set(FEATURE_NAMES) <= set(table.column_names)
+
+
+def test_a_batch_of_requests_ranks_each_requests_candidates_on_their_own() -> None:
+    first, second = (decode_json(orjson.dumps(make_doc(n=n, seed=n)), 100) for n in (2, 3))
+    raw = np.concatenate([first.raw, second.raw])
+    scores = np.array([0.2, 0.7, 0.9, 0.1, 0.5], dtype=np.float32)
+    requests = [Scored("a", ts=1.7e9 + 0.0125), Scored("b", slot="canary", session_id="s-2")]
+    table = IMPRESSIONS.expand(
+        pa.Table.from_batches([impression_batch(requests, [2, 3], raw, scores)])
+    )
+    assert table.column("request_id").to_pylist() == ["a", "a", "b", "b", "b"]
+    assert table.column("rank").to_pylist() == [2, 1, 1, 3, 2]
+    assert table.column("slot").to_pylist() == ["stable"] * 2 + ["canary"] * 3
+    assert table.column("session_id").to_pylist() == ["s-1"] * 2 + ["s-2"] * 3
+    ms = table.column("ts").cast(pa.int64()).to_pylist()
+    assert ms == [1_700_000_000_012] * 2 + [1_700_000_000_000] * 3  # rounded to milliseconds
+    price = raw[:, RAW_INDEX["price"]].astype(np.float32)  # float32, as the model saw it
+    assert table.column("price").to_pylist() == price.tolist()
 
 
 def test_sampling_keeps_a_stable_share_of_requests() -> None:
@@ -100,24 +134,29 @@ def test_sampling_keeps_a_stable_share_of_requests() -> None:
     assert all(sampled(i, 1.0) for i in ids[:100]) and not any(sampled(i, 0.0) for i in ids[:100])
 
 
-def test_a_requests_impressions_are_one_record_that_recovery_expands(tmp_path) -> None:
+def test_a_batchs_impressions_are_one_record_that_recovery_expands(tmp_path: Path) -> None:
     from logstore import wal
-    from logstore.spool import RequestLogWriter, SpoolWriter, decode_rows
+    from logstore.spool import RequestLogWriter, SpoolWriter, decode_table, read_segment
 
-    doc = make_doc(n=5, seed=4)
-    request = decode_json(orjson.dumps(doc), 100)
-    scores = np.linspace(0.1, 0.5, 5, dtype=np.float32)
-    rows = impression_rows(Answered(1.7e9, "r9", "canary", "v", "l", "s", request.raw, scores))
+    requests = [decode_json(orjson.dumps(make_doc(n=n, seed=n)), 100) for n in (5, 2, 3)]
+    raw = np.concatenate([r.raw for r in requests])
+    scores = np.linspace(0.1, 0.5, 10, dtype=np.float32)
+    scores[6] = np.nan  # the second request is answered with an error: nothing was shown
     writer = RequestLogWriter(
         SpoolWriter(tmp_path, 1 << 30, "w", IMPRESSIONS),
         connect_server=None,
         flush_s=3600,
         batch_rows=100,
     )
-    writer.append_group(rows)
+    log = FeedbackLog(writer, writer, 1.0, "w")
+    scored = [Scored("r1"), Scored("r2"), Scored("r3")]
+    assert log.write_impressions(scored, [5, 2, 3], raw, scores) == 8
     (wal_file,) = tmp_path.glob("*.wal")
     data = wal_file.read_bytes()
-    decoded, torn = decode_rows(data)
-    assert torn == 0 and [list(r) for r in decoded] == [list(r) for r in rows]
-    assert len(wal.parse(data)[0]) == 1  # five rows, one record: they survive all or none
+    assert len(wal.parse(data)[0]) == 1  # eight rows, one record: they survive all or none
+    recovered, rows, torn = decode_table(data, IMPRESSIONS)
+    assert (rows, torn) == (8, 0) and recovered.schema == IMPRESSIONS.schema
+    assert recovered.column("request_id").to_pylist() == ["r1"] * 5 + ["r3"] * 3
     writer.close()
+    (segment,) = tmp_path.glob("*.arrow")
+    assert read_segment(segment, IMPRESSIONS).equals(recovered)  # memory and file agree

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pyarrow.parquet as pq
 import pytest
 
 from logstore import wal
@@ -28,6 +27,7 @@ from logstore.spool import (
     SpoolWriter,
     decode_rows,
     ingest_spool,
+    read_segment,
     recover_wals,
     write_segment,
 )
@@ -72,9 +72,9 @@ def test_append_returns_with_the_row_already_in_the_write_ahead_file(tmp_path: P
     assert len(data) == wal.CAPACITY  # reserved up front: a full disk fails at creation
     assert decode_rows(data) == (logged, 0)
     assert data.startswith(b"".join(encode_row(r) for r in logged))
-    assert not list(tmp_path.glob("*.parquet")) and writer.buffered == 3
+    assert not list(tmp_path.glob("*.arrow")) and writer.buffered == 3
     writer.close()
-    assert [pq.read_table(p).num_rows for p in tmp_path.glob("*.parquet")] == [3]
+    assert [read_segment(p).num_rows for p in tmp_path.glob("*.arrow")] == [3]
     assert not wal_files(tmp_path)
 
 
@@ -115,8 +115,8 @@ def test_a_dead_writers_file_becomes_one_segment_and_its_rows_are_ingested_once(
     dead_wal(tmp_path, "w9-1-000001.wal", [*map(encode_row, logged), half_written])
     report = recover_wals(tmp_path)
     assert (report.files, report.rows, report.torn_bytes) == (1, 6, len(half_written))
-    (segment,) = tmp_path.glob("*.parquet")
-    assert segment.name == "w9-1-000001.parquet" and not wal_files(tmp_path)
+    (segment,) = tmp_path.glob("*.arrow")
+    assert segment.name == "w9-1-000001.arrow" and not wal_files(tmp_path)
     assert recover_wals(tmp_path).files == 0  # once
     assert ingest_spool(clickhouse, tmp_path).rows == 6
     assert ingest_spool(clickhouse, tmp_path).rows == 0
@@ -134,7 +134,7 @@ def test_a_live_writers_file_is_left_alone_and_its_segment_waits_for_it(
     assert recover_wals(tmp_path).files == 0 and live.path.exists()
     # The writer has written the segment and not yet deleted its file: the segment must wait,
     # or a crash now would have a recoverer log the rows a second time.
-    write_segment(tmp_path, "w1-1-000001.parquet", logged)
+    write_segment(tmp_path, "w1-1-000001.arrow", logged)
     assert ingest_spool(clickhouse, tmp_path).rows == 0 and count(clickhouse, tag) == 0
     live.retire()
     assert ingest_spool(clickhouse, tmp_path).rows == 4 and count(clickhouse, tag) == 4
@@ -145,11 +145,11 @@ def test_a_crash_between_the_segment_and_the_files_deletion_logs_each_row_once(
 ) -> None:
     tag = uuid.uuid4().hex[:12]
     logged = rows(5, tag)
-    write_segment(tmp_path, "w2-1-000007.parquet", logged)
+    write_segment(tmp_path, "w2-1-000007.arrow", logged)
     dead_wal(tmp_path, "w2-1-000007.wal", [encode_row(r) for r in logged])
     report = recover_wals(tmp_path)
     assert (report.files, report.rows) == (1, 0)  # its segment exists: the file is only deleted
-    assert [p.name for p in tmp_path.iterdir()] == ["w2-1-000007.parquet"]
+    assert [p.name for p in tmp_path.iterdir()] == ["w2-1-000007.arrow"]
     ingest_spool(clickhouse, tmp_path)
     assert count(clickhouse, tag) == 5
 
@@ -166,7 +166,7 @@ def test_a_file_that_died_mid_insert_is_inserted_only_if_its_rows_are_absent(
     dead_wal(tmp_path, f"w3-1-000002.wal{INSERTING_SUFFIX}", [encode_row(r) for r in rows(2, lost)])
     assert recover_wals(tmp_path).rows == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"w3-1-00000{i}.parquet{INGESTING_SUFFIX}" for i in (1, 2)
+        f"w3-1-00000{i}.arrow{INGESTING_SUFFIX}" for i in (1, 2)
     ]
     ingest_spool(clickhouse, tmp_path)
     assert count(clickhouse, landed) == 3 and count(clickhouse, lost) == 2
@@ -244,8 +244,8 @@ def test_a_full_disk_keeps_rows_in_memory_says_why_and_writes_them_later(
     writer.close()
     written = sorted(
         r
-        for p in tmp_path.glob("*.parquet")
-        for r in pq.read_table(p).column("request_id").to_pylist()
+        for p in tmp_path.glob("*.arrow")
+        for r in read_segment(p).column("request_id").to_pylist()
     )
     assert written == sorted(r[1] for r in logged) and not wal_files(tmp_path)
     assert not list(tmp_path.glob(".tmp-*"))
@@ -265,7 +265,7 @@ def test_a_full_file_rotates_on_the_request_path(
     recovered = [r for p in wal_files(tmp_path) for r in decode_rows(p.read_bytes())[0]]
     assert sorted(recovered) == sorted(logged)  # every row in exactly one file
     writer.close()
-    assert sum(pq.read_table(p).num_rows for p in tmp_path.glob("*.parquet")) == 30
+    assert sum(read_segment(p).num_rows for p in tmp_path.glob("*.arrow")) == 30
 
 
 def test_with_a_server_the_file_is_marked_before_the_insert_and_deleted_after(

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from logstore.spool import (
@@ -21,6 +20,7 @@ from logstore.spool import (
     RequestLogWriter,
     SpoolWriter,
     ingest_spool,
+    read_segment,
     rows_to_table,
 )
 
@@ -100,8 +100,8 @@ def test_rows_become_a_table_with_the_inference_logs_types() -> None:
 def test_a_segment_appears_whole_under_its_final_name(tmp_path: Path) -> None:
     spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
     path = spool.write(rows(5, "seg"))
-    assert path.suffix == ".parquet" and not list(tmp_path.glob(".tmp-*"))
-    assert pq.read_table(path).column("request_id").to_pylist() == [f"seg-{i}" for i in range(5)]
+    assert path.suffix == ".arrow" and not list(tmp_path.glob(".tmp-*"))
+    assert read_segment(path).column("request_id").to_pylist() == [f"seg-{i}" for i in range(5)]
     assert spool.backlog.segments == 1 and spool.backlog.bytes == path.stat().st_size
 
 
@@ -115,7 +115,7 @@ def test_breaching_the_cap_is_logged_as_an_error_and_flagged(
         assert any(
             r.levelno == logging.ERROR and "over its cap" in r.message for r in caplog.records
         )
-        for segment in tmp_path.glob("*.parquet"):
+        for segment in tmp_path.glob("*.arrow"):
             segment.unlink()
         spool.check_cap()
     assert not spool.over_cap
@@ -142,7 +142,7 @@ def test_a_crash_between_insert_and_delete_does_not_duplicate_rows(
     spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
     # one claimed segment whose INSERT landed before the crash, one whose INSERT did not
     done = spool.write(rows(6, inserted))
-    clickhouse.insert_arrow("inference_logs", pq.read_table(done))
+    clickhouse.insert_arrow("inference_logs", read_segment(done))
     done.rename(done.with_name(done.name + INGESTING_SUFFIX))
     pending = spool.write(rows(3, lost))
     pending.rename(pending.with_name(pending.name + INGESTING_SUFFIX))
@@ -245,7 +245,7 @@ def test_a_segment_ingested_while_the_writer_rescans_is_not_an_error(
         def __exit__(self, *exc: object) -> None:
             self.inner.close()
 
-    monkeypatch.setattr("logstore.spool.os.scandir", Listing)
+    monkeypatch.setattr("logstore.segments.os.scandir", Listing)
     spool.write(rows(3))  # no FileNotFoundError
     assert spool.backlog.segments == 0
 
@@ -270,8 +270,8 @@ def test_without_a_server_every_flush_becomes_segments_of_at_most_batch_rows(
     for row in rows(10):
         writer.append(row)
     writer.flush()
-    segments = sorted(tmp_path.glob("*.parquet"))
-    assert [pq.read_table(s).num_rows for s in segments] == [4, 4, 2]
+    segments = sorted(tmp_path.glob("*.arrow"))
+    assert [read_segment(s).num_rows for s in segments] == [4, 4, 2]
     assert writer.stats.rows_spooled == 10 and writer.buffered == 0
 
 
@@ -283,7 +283,7 @@ def test_server_down_spools_and_server_back_drains_the_spool(tmp_path: Path) -> 
     for row in first:
         writer.append(row)
     writer.flush()
-    assert writer.stats.rows_spooled == 6 and list(tmp_path.glob("*.parquet"))
+    assert writer.stats.rows_spooled == 6 and list(tmp_path.glob("*.arrow"))
     server.down = False
     for row in second:
         writer.append(row)
@@ -340,9 +340,9 @@ def test_the_background_thread_writes_on_its_interval_and_on_close(tmp_path: Pat
     try:
         writer.append(rows(1)[0])
         deadline = time.monotonic() + 5
-        while not list(tmp_path.glob("*.parquet")) and time.monotonic() < deadline:
+        while not list(tmp_path.glob("*.arrow")) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert list(tmp_path.glob("*.parquet"))
+        assert list(tmp_path.glob("*.arrow"))
         writer.append(rows(1)[0])
     finally:
         writer.close()

@@ -76,7 +76,7 @@ def test_a_sessions_segment_round_trips_with_started_at_as_its_time(tmp_path: Pa
     table = rows_to_table(logged, USER_SESSIONS)
     assert table.schema.field("started_at").type == pa.timestamp("ms", tz="UTC")
     assert table.column("orders").type == pa.uint16()
-    path = write_segment(tmp_path, "shop-1-000001.parquet", logged, USER_SESSIONS)
+    path = write_segment(tmp_path, "shop-1-000001.arrow", logged, USER_SESSIONS)
     found = read_segment(path, USER_SESSIONS)
     assert found.column_names == list(USER_SESSION_COLUMNS)
     back = [
@@ -129,8 +129,8 @@ def test_a_dead_shops_files_are_recovered_and_inserted_only_if_absent(
     dead_wal(tmp_path, "shop-1-000003.wal", sessions(4, spooled))
     assert recover_wals(tmp_path, USER_SESSIONS).rows == 9
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        *(f"shop-1-00000{i}.parquet{INGESTING_SUFFIX}" for i in (1, 2)),
-        "shop-1-000003.parquet",
+        *(f"shop-1-00000{i}.arrow{INGESTING_SUFFIX}" for i in (1, 2)),
+        "shop-1-000003.arrow",
     ]
     report = ingest_spool(clickhouse, tmp_path, USER_SESSIONS)
     assert (report.recovered, report.rows) == (2, 6)
