@@ -214,8 +214,8 @@ def lease_table(renewal: dict[str, Any], leases: list[float]) -> list[dict[str, 
     that dies stops renewing, and each worker takes the canary to weight 0 at most one lease
     after the last renewal, which came before the death (+ the watchdog's 0.1 s tick).
     """
+    from serving.canary_lease import LEASE_CHECK_S
     from serving.fleet import RENEWALS_PER_LEASE
-    from serving.worker import LEASE_CHECK_S
 
     cpu_ms = renewal["renewal_client_cpu_ms"] + renewal["renewal_workers_cpu_ms"]
     rows = []

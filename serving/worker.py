@@ -33,8 +33,8 @@ from logstore.spool import RequestLogWriter
 from model_store import ModelStore
 from relay.errors import VersionNotFound
 from relay.settings import Settings
-from relay.types import CanaryRemoval
 from serving.batching import Batcher, BatchTiming
+from serving.canary_lease import CanaryControl
 from serving.engine import LoadedModel
 from serving.feedback import FeedbackLog
 from serving.loading import load_model
@@ -44,7 +44,6 @@ from serving.routing import (
     Injection,
     RoutingTable,
     check_slot,
-    grant_lease,
     perturbed,
 )
 from serving.schema import PredictRequest, RequestRejected
@@ -60,7 +59,6 @@ def _rng() -> np.random.Generator:
 
 
 ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
-LEASE_CHECK_S = 0.1  # a lapsed canary keeps its users at most this much longer
 RETIRE_AFTER_S = 0.5  # a model swapped out frees its engine this much later
 
 
@@ -119,7 +117,7 @@ class Exchange:
         return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
 
 
-class Worker:
+class Worker(CanaryControl):
     """Slots, models and request bookkeeping of one serving process."""
 
     def __init__(
@@ -404,101 +402,10 @@ class Worker:
             )
             return {"changed": True, **self.state()}
 
-    async def set_weight(self, weight: int, lease_s: object = None) -> dict[str, Any]:
-        """Canary (and baseline) weight; above 0 it holds for `lease_s` seconds unless renewed."""
-        async with self._admin_lock:
-            max_s = self.settings.serving_canary_lease_max_s
-            lease = None if lease_s is None else grant_lease(lease_s, self.clock(), max_s)
-            table = self.table.with_weight(weight, lease)
-            if table.canary_weight > 0 and lease is None:
-                raise RequestRejected(
-                    "missing_field",
-                    "a canary weight above 0 holds only under a lease: the body needs "
-                    f"'lease_s' (seconds, at most {max_s:g}), renewed through /admin/renew",
-                )
-            self._swap(table)
-            if lease is not None and weight > 0:
-                log.info("canary weight set to %d, leased for %g s", weight, lease.length_s)
-            else:
-                log.info("canary weight set to %d", weight)
-            return self.state()
-
-    async def renew(self, lease_s: object) -> dict[str, Any]:
-        """A fresh lease for the canary's current weight; 409 if it has none or it ran out."""
-        async with self._admin_lock:
-            self.expire_lease()  # a lease already past its end is over, whether or not noticed
-            now = self.clock()
-            lease = grant_lease(lease_s, now, self.settings.serving_canary_lease_max_s)
-            self._swap(self.table.renewed(lease, now))
-            log.debug("canary lease renewed for %g s", lease.length_s)
-            return self.state()
-
-    def expire_lease(self) -> bool:
-        """Take the canary's weight to 0 if its lease has run out; True if it did now."""
-        return self.take_canary_out(CanaryRemoval.lease_expired)
-
-    def take_canary_out(self, reason: CanaryRemoval) -> bool:
-        """The worker's one way to take a canary out of traffic, for `reason`; True if it did.
-
-        A lease that ran out moves only the weight (stable, canary and baseline stay loaded: the
-        release may still be alive behind a slow renewal, and the guard unloads an orphan); every
-        other reason is the fleet's rollback: weight 0, canary and baseline unloaded. Not
-        awaited, so the lease watchdog takes a canary out without waiting on the admin lock.
-        """
-        table = self.table
-        if reason is CanaryRemoval.lease_expired:
-            after = table.lapsed(self.clock())
-            acts = after is not table
-        else:
-            after = table.rolled_back()
-            acts = table.canary is not None or table.baseline is not None or table.canary_weight > 0
-        if not acts:
-            return False
-        self._swap(after)
-        self.canary_removals[reason.value] = self.canary_removals.get(reason.value, 0) + 1
-        canary = table.canary.version if table.canary else "(none)"
-        if reason is CanaryRemoval.lease_expired:
-            lease = table.lease
-            log.warning(
-                "canary %s: its %g s lease ran out without a renewal (is the release still "
-                "running?): weight %d -> 0; stable %s and baseline %s serve as before",
-                canary,
-                lease.length_s if lease else 0.0,
-                table.canary_weight,
-                table.stable.version if table.stable else "(none)",
-                table.baseline.version if table.baseline else "(none)",
-            )
-        else:
-            log.info(
-                "canary %s taken out (%s): weight %d -> 0, canary and baseline unloaded",
-                canary,
-                reason.value,
-                table.canary_weight,
-            )
-        return True
-
-    @property
-    def lease_expirations(self) -> int:
-        return self.canary_removals.get(CanaryRemoval.lease_expired.value, 0)
-
-    async def _watch_leases(self) -> None:
-        while True:
-            await asyncio.sleep(LEASE_CHECK_S)
-            try:
-                self.expire_lease()
-            except Exception:  # a bug here must not stop the watchdog for good
-                log.exception("canary lease check failed")
-
     async def promote(self) -> dict[str, Any]:
         async with self._admin_lock:
             self._swap(self.table.promoted())
             log.info("promoted %s to stable", self.table.stable and self.table.stable.version)
-            return self.state()
-
-    async def rollback(self, reason: CanaryRemoval = CanaryRemoval.operator) -> dict[str, Any]:
-        """The fleet's rollback on this worker: `take_canary_out` under the admin lock."""
-        async with self._admin_lock:
-            self.take_canary_out(reason)
             return self.state()
 
     async def set_latency(
@@ -573,20 +480,6 @@ class Worker:
             },
             "request_log": self.log_writer is not None,
             "uptime_s": round(time.time() - self._started, 3),
-        }
-
-    def _lease_state(self, t: RoutingTable[Served]) -> dict[str, Any]:
-        lease = t.lease
-        left = lease.seconds_left(self.clock()) if lease is not None else None
-        return {
-            "lease_s": lease.length_s if lease is not None else None,
-            # wall clock, for people: when the weight lapses (or lapsed) without a renewal
-            "expires_at": (
-                round(time.time() + (lease.until - self.clock()), 3) if lease is not None else None
-            ),
-            "seconds_left": round(left, 3) if left is not None else None,
-            "lapsed": bool(lease and lease.lapsed),
-            "expirations": self.lease_expirations,
         }
 
     def snapshot(self) -> WorkerSnapshot:
