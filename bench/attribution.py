@@ -131,6 +131,7 @@ def worker_process(home: Path, name: str, store: Any, manifest: Any, **env: str)
         "RELAY_SERVING_PORT": "0",
         "RELAY_SERVING_BINARY_PORT": "0",
         "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+        "RELAY_SERVING_FAULT_INJECTION": "true",  # this run injects latency or rankings
         "RELAY_SERVING_STABLE_REF": manifest.version,
         "RELAY_SERVING_LOG_FLUSH_MS": "200",
         # no waiting for company: batches still form under load, and a lone request is not

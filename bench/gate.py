@@ -312,6 +312,7 @@ def start_fleet(tmp: Path) -> Bench:
         "RELAY_SERVING_PORT": "0",
         "RELAY_SERVING_BINARY_PORT": "0",
         "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+        "RELAY_SERVING_FAULT_INJECTION": "true",  # this run injects latency or rankings
         "RELAY_SERVING_STABLE_REF": versions[0].version,
         "RELAY_SERVING_LOG_FLUSH_MS": "200",
     }

@@ -163,7 +163,8 @@ def stored_form(
     else; expanding them is left to whoever ingests, off the serving worker's core.
     """
     if parts and not rows and all(_is_journal(p.schema, table) for p in parts):
-        return pa.Table.from_batches(parts)
+        # An IPC file holds one dictionary per column: the batches' are merged into one.
+        return pa.Table.from_batches(parts).unify_dictionaries()
     return segment_table(rows, parts, table)
 
 

@@ -134,6 +134,11 @@ class Settings(BaseSettings):
         description="Log rows of one table written ahead but not yet out above which the worker "
         "refuses new predict requests (503 log_backpressure, counted) until its writer catches up.",
     )
+    serving_fault_injection: bool = Field(
+        default=False,
+        description="Serve /admin/latency and /admin/ranking (fault injection for tests, "
+        "benchmarks and demos); off, a worker answers 404 on both.",
+    )
     serving_max_feedback_events: int = Field(
         default=100, ge=1, description="Most events in one POST /v1/feedback body."
     )

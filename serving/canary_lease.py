@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -132,17 +131,3 @@ class CanaryControl:
         async with self._admin_lock:
             self.take_canary_out(reason)
             return self.state()
-
-    def _lease_state(self, t: RoutingTable[Any]) -> dict[str, Any]:
-        lease = t.lease
-        left = lease.seconds_left(self.clock()) if lease is not None else None
-        return {
-            "lease_s": lease.length_s if lease is not None else None,
-            # wall clock, for people: when the weight lapses (or lapsed) without a renewal
-            "expires_at": (
-                round(time.time() + (lease.until - self.clock()), 3) if lease is not None else None
-            ),
-            "seconds_left": round(left, 3) if left is not None else None,
-            "lapsed": bool(lease and lease.lapsed),
-            "expirations": self.lease_expirations,
-        }

@@ -127,6 +127,7 @@ class Impressed(Protocol):
 
 
 IMPRESSION_JOURNAL = impression_journal(RAW_ORDER)
+_TS = IMPRESSION_JOURNAL.field("ts").type
 
 
 def impression_batch(
@@ -149,12 +150,13 @@ def impression_batch(
     owners = pa.array(owner, pa.int32())
 
     def per_request(values: list[str]) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(owners, pa.array(values, pa.string()))
+        # Unchecked: the indices are 0..len(requests)-1 by construction (checking costs 5 µs).
+        return pa.DictionaryArray.from_arrays(owners, pa.array(values, pa.string()), safe=False)
 
     ts_ms = np.round(np.array([r.ts for r in requests]) * 1000).astype(np.int64)
     features = np.ascontiguousarray(raw, dtype=np.float64).reshape(-1)
     arrays = [
-        pa.array(np.repeat(ts_ms, counts)).cast(IMPRESSION_JOURNAL.field("ts").type),
+        pa.array(np.repeat(ts_ms, counts)).view(_TS),  # int64 ms reinterpreted: no conversion
         per_request([r.request_id for r in requests]),
         pa.array(rank),
         per_request([r.slot for r in requests]),

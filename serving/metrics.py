@@ -56,6 +56,7 @@ class WorkerSnapshot:
     log_pending_rows: dict[str, int] = field(default_factory=dict)  # table -> not yet out
     log_pending_limit: int = 0  # over it, predict requests are refused
     log_backpressure_rejections: int = 0
+    log_written_rows: dict[str, int] = field(default_factory=dict)  # table -> rows out
 
 
 class ServingMetrics:
@@ -269,6 +270,14 @@ class _StateCollector(Collector):
         for table, n in s.log_pending_rows.items():
             pending.add_metric([table], n)
         yield pending
+        written = CounterMetricFamily(
+            "relay_log_written_rows",
+            "Log rows written out (a spool segment or a ClickHouse insert), by table.",
+            labels=["table"],
+        )
+        for table, n in s.log_written_rows.items():
+            written.add_metric([table], n)
+        yield written
         yield GaugeMetricFamily(
             "relay_log_pending_limit",
             "Pending log rows of one table above which predict requests are refused.",

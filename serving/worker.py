@@ -22,11 +22,9 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from logstore.spool import RequestLogWriter
@@ -35,19 +33,19 @@ from relay.errors import VersionNotFound
 from relay.settings import Settings
 from serving.batching import Batcher, BatchTiming
 from serving.canary_lease import CanaryControl
-from serving.engine import LoadedModel
+from serving.exchange import Exchange, Served
 from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
-    SLOTS,
     Injection,
     RoutingTable,
     check_slot,
     perturbed,
 )
 from serving.schema import PredictRequest, RequestRejected
-from serving.tracing import RequestTracer, parent_context, traceparent_of
+from serving.tracing import RequestTracer, traceparent_of
+from serving.worker_state import worker_snapshot, worker_state
 
 log = logging.getLogger("serving.worker")
 
@@ -60,61 +58,6 @@ def _rng() -> np.random.Generator:
 
 ADMIN = "admin"  # the slot value of admin requests' log rows: never a model's slot
 RETIRE_AFTER_S = 0.5  # a model swapped out frees its engine this much later
-
-
-@dataclass(eq=False)
-class Served:
-    """A loaded model with its batcher: what a routing-table slot holds."""
-
-    model: LoadedModel
-    batcher: Batcher
-
-    @property
-    def version(self) -> str:
-        return self.model.version
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One request from arrival to log row; the transports fill and read it."""
-
-    transport: str
-    ts: float  # wall clock at arrival, for the log row
-    t0: float  # perf_counter at arrival
-    request_id: str = ""
-    user_id: int = 0
-    session_id: str = ""
-    input_bytes: int = 0
-    rows: int = 0
-    parent: Context | None = None  # the caller's trace, from its traceparent
-    traceparent: str = ""  # this request's span, echoed in the answer once recorded
-    span: Span | None = None  # set when recorded; an admin call's while it runs
-    slot: str = ""
-    version: str = ""
-    lineage_id: str = ""
-    t_enqueued: float = 0.0
-    injection: Injection | None = None
-    injected_s: float = 0.0  # what the injection actually added, booked to its stage
-    ranking: str = "model"  # how the slot ranks its answer (routing.RANKINGS)
-    scores: np.ndarray | None = None
-    batch: BatchTiming | None = None
-    status: int = 200
-    error_code: str = ""
-    detail: str = ""
-
-    def reject(self, rejection: RequestRejected) -> None:
-        self.status, self.error_code, self.detail = (
-            rejection.status,
-            rejection.code,
-            rejection.detail,
-        )
-
-    def trace_from(self, traceparent: object) -> None:
-        """Join the caller's trace; a missing or malformed traceparent starts a new one."""
-        self.parent = parent_context(traceparent)
-
-    def error_body(self) -> dict[str, Any]:
-        return {"error": self.error_code, "detail": self.detail, "request_id": self.request_id}
 
 
 class Worker(CanaryControl):
@@ -136,7 +79,7 @@ class Worker(CanaryControl):
         self.metrics = metrics
         self.log_writer = log_writer
         self.feedback_log = feedback_log
-        self._writers = [
+        self.log_writers = [
             *([log_writer] if log_writer is not None else []),
             *(feedback_log.writers if feedback_log is not None else ()),
         ]
@@ -149,7 +92,7 @@ class Worker(CanaryControl):
         self._admin_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.Task[None] | None = None
-        self._started = time.time()
+        self.started_at = time.time()
         self.canary_removals: dict[str, int] = {}  # by CanaryRemoval reason
         self.backpressure_rejections = 0
         metrics.watch(self.snapshot)
@@ -200,7 +143,7 @@ class Worker(CanaryControl):
     def log_behind(self) -> str | None:
         """Why the log path cannot take another request now (a writer is behind), or None."""
         limit = self.settings.serving_log_max_pending_rows
-        for writer in self._writers:
+        for writer in self.log_writers:
             if writer.pending > limit:
                 return (
                     f"the {writer.spool.table.name} log has {writer.pending} rows not yet "
@@ -457,78 +400,12 @@ class Worker(CanaryControl):
         return True, "ready"
 
     def state(self) -> dict[str, Any]:
-        t = self.table
-        ready, reason = self.ready()
-        return {
-            "worker_id": self.worker_id,
-            "ready": ready,
-            "reason": reason,
-            "slots": {
-                slot: (m.model.describe() if (m := t.model(slot)) is not None else None)
-                for slot in SLOTS
-            },
-            "canary_weight": t.canary_weight,
-            "canary_lease": self._lease_state(t),
-            "canary_removals": dict(self.canary_removals),
-            "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
-            "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
-            "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
-            "ranking": {slot: t.ranking(slot) for slot in SLOTS},
-            "batching": {
-                "max_rows": self.settings.serving_max_batch_rows,
-                "max_delay_ms": self.settings.serving_max_batch_delay_ms,
-            },
-            "request_log": self.log_writer is not None,
-            "uptime_s": round(time.time() - self._started, 3),
-        }
+        """What /admin/state answers: slots, weight, lease, injections, batching."""
+        return worker_state(self)
 
     def snapshot(self) -> WorkerSnapshot:
-        t = self.table
-        writer = self.log_writer
-        backlog = writer.spool.backlog if writer else None
-        stats = writer.stats if writer else None
-        return WorkerSnapshot(
-            ready=self.ready()[0],
-            queue_depth=sum(m.batcher.depth for m in t.models()),
-            queue_depth_by_slot={
-                slot: m.batcher.depth for slot in SLOTS if (m := t.model(slot)) is not None
-            },
-            canary_weight=t.canary_weight,
-            canary_lease_seconds_left=t.lease.seconds_left(self.clock()) if t.lease else 0.0,
-            canary_lease_expirations=self.lease_expirations,
-            injected_latency_ms={slot: t.injection(slot).ms for slot in SLOTS},
-            injected_slowdown={slot: t.injection(slot).factor for slot in SLOTS},
-            models=[
-                {
-                    "slot": slot,
-                    "version": m.version,
-                    "lineage_id": m.model.lineage_id,
-                    "engine": m.model.engine.name,
-                }
-                for slot in SLOTS
-                if (m := t.model(slot)) is not None
-            ],
-            binary_connections=self.binary_connections,
-            log_buffered_rows=writer.buffered if writer else 0,
-            log_rows={
-                "clickhouse": stats.rows_inserted if stats else 0,
-                "spool": stats.rows_spooled if stats else 0,
-            },
-            spool_segments=backlog.segments if backlog else 0,
-            spool_bytes=backlog.bytes if backlog else 0,
-            spool_cap_bytes=writer.spool.max_bytes if writer else 0,
-            spool_over_cap=bool(writer and writer.spool.over_cap),
-            log_wal_ok=not (writer and writer.wal_error),
-            log_wal_failures=stats.wal_failures if stats else 0,
-            log_pending_rows={w.spool.table.name: w.pending for w in self._writers},
-            log_pending_limit=self.settings.serving_log_max_pending_rows,
-            log_backpressure_rejections=self.backpressure_rejections,
-            trace_spans={
-                "recorded": self.tracer.counts.recorded,
-                "exported": self.tracer.counts.exported,
-                "dropped": self.tracer.counts.dropped,
-            },
-        )
+        """What /metrics reads of the worker at each scrape."""
+        return worker_snapshot(self)
 
     async def close(self) -> None:
         """Stop taking requests, finish queued ones, free engines, write every log row."""

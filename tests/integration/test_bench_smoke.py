@@ -37,7 +37,7 @@ COMMANDS: dict[str, str] = {
     "store": "--size-mb 8 --rounds 1",
     "serving": "--train-events 4000 --seconds 3 --rounds 1 --warmup 2 --connections 4 "
     "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
-    "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5",
+    "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5 --p95-rounds 1",
     "rollback": "--workers 2,3 --cycles 2 --rps 20 --events 4000 --renewals 3",
     "impact": "--rows 20000",
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
@@ -150,10 +150,16 @@ def test_bench_store_runs_against_an_s3_server(runs):
 
 def test_bench_serving_measures_every_scenario(runs):
     figures = runs["serving"].finish()
-    for scenario in ("echo", "worker", "worker_binary", "worker_nolog", "naive"):
+    for scenario in ("echo", "worker", "worker_binary", "worker_nolog", "worker_requests_only"):
         assert figures[f"{scenario}_rps"] > 0, scenario
     assert figures["raw_rps"] > 0 and figures["slo_sweep"]
     assert {t["name"] for t in figures["targets"]} >= {"worker_rps / echo_rps"}
+    modes = figures["p95_at_2000_ms_by_mode"]
+    assert set(modes) == {"worker_nolog", "worker_requests_only", "worker"}
+    assert figures["write_rows_s"] > 0 and figures["ingest_rows_s"] > 0
+    # every row the worker spooled was ingested, and is in the tables
+    assert figures["ingest_rows_by_table"] == figures["ingest_landed_rows_by_table"]
+    assert figures["ingest_rows_by_table"]["impressions"] > 0
 
 
 def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):

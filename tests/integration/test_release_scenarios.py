@@ -117,6 +117,7 @@ def fleet(prefect_harness, settings, relay_home, tmp_path_factory):
         "RELAY_MODEL_STORE_URL": f"file://{root / 'store'}",
         "RELAY_MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
         "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+        "RELAY_SERVING_FAULT_INJECTION": "true",  # this run injects latency or rankings
     }
     ports = [free_port(), free_port()]
     env = {

@@ -91,6 +91,7 @@ def setup(
                 "RELAY_SERVING_PORT": "0",
                 "RELAY_SERVING_BINARY_PORT": "0",
                 "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
+                "RELAY_SERVING_FAULT_INJECTION": "true",  # this run injects latency or rankings
                 "RELAY_SERVING_STABLE_REF": base.version,
                 "RELAY_CLICKHOUSE_DSN": f"chdb://{root / 'never-opened'}",
             }

@@ -160,3 +160,27 @@ def test_a_batchs_impressions_are_one_record_that_recovery_expands(tmp_path: Pat
     writer.close()
     (segment,) = tmp_path.glob("*.arrow")
     assert read_segment(segment, IMPRESSIONS).equals(recovered)  # memory and file agree
+
+
+def test_many_batches_impressions_share_one_segment_exactly(tmp_path: Path) -> None:
+    from logstore.spool import RequestLogWriter, SpoolWriter, read_segment
+
+    writer = RequestLogWriter(
+        SpoolWriter(tmp_path, 1 << 30, "w", IMPRESSIONS),
+        connect_server=None,
+        flush_s=3600,
+        batch_rows=10_000,
+    )
+    log = FeedbackLog(writer, writer, 1.0, "w")
+    expected = []
+    for k in range(4):  # each batch its own requests, so its own dictionaries
+        request = decode_json(orjson.dumps(make_doc(n=3, seed=k)), 100)
+        scores = np.array([0.2, 0.9, 0.5], dtype=np.float32)
+        log.write_impressions([Scored(f"r{k}", slot=f"slot-{k}")], [3], request.raw, scores)
+        expected += [(f"r{k}", f"slot-{k}", rank) for rank in (3, 1, 2)]
+    writer.close()
+    (segment,) = tmp_path.glob("*.arrow")
+    found = read_segment(segment, IMPRESSIONS)
+    assert found.schema == IMPRESSIONS.schema and not list(tmp_path.glob("*.wal"))
+    got = zip(*(found.column(c).to_pylist() for c in ("request_id", "slot", "rank")), strict=True)
+    assert list(got) == expected
