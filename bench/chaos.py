@@ -38,7 +38,8 @@ Three parts, one run, loopback only; every loop is bounded in count and time and
    (RELAY_SERVING_CANARY_LEASE_S); the target is every worker off the canary within one lease
    of the kill (`orphan_canary_bound_s`: + 1 s for the watchdog's tick and this bench's poll).
 
-Writes bench/results/chaos.json (or --out).
+`--worker-kills 0` / `--logging-rounds 0` skip parts 1 / 2 (and `--release-kills 0` part 3), so
+the parts can run apart. Writes bench/results/chaos.json (or --out).
 """
 
 from __future__ import annotations
@@ -386,18 +387,14 @@ def main() -> None:
             "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
             "RELAY_SERVING_STABLE_REF": manifest.version,
         }
-        figures: dict[str, Any] = worker_kills(tmp, env, args)
-        print(json.dumps(figures), flush=True)
-        figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
-        print(
-            json.dumps(
-                {
-                    k: figures[k]
-                    for k in ("worker_rps", "worker_nolog_rps", "logging_cost", "fsync_cost")
-                }
-            ),
-            flush=True,
-        )
+        figures: dict[str, Any] = {}
+        if args.worker_kills:  # 0: parts 3 only (a run of its own; see the docstring)
+            figures |= worker_kills(tmp, env, args)
+            print(json.dumps(figures), flush=True)
+        if args.logging_rounds:
+            figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
+            cost = ("worker_rps", "worker_nolog_rps", "logging_cost", "fsync_cost")
+            print(json.dumps({k: figures[k] for k in cost}), flush=True)
         if args.release_kills:
             from bench.chaos_release import release_kills
 

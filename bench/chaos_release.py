@@ -35,7 +35,9 @@ def _release_params(seed: int, lease_s: float) -> dict[str, Any]:
         "seed": seed,
         "canary_steps": [STEP],
         "analysis_window_s": max(lease_s, 10.0),
-        "max_windows_per_step": 20,
+        # at the shop's rate on 2 busy cores (~10 req/s served) the plan needs this many windows
+        # to call the step reachable; the kill comes long before the first look ends
+        "max_windows_per_step": 80,
         "approval_timeout_s": 60,
         "impact_report_after": False,
         "tensorrt_wait_s": 0,
