@@ -67,8 +67,10 @@ browser:
 test: install browser
 	$(BIN)/python -m pytest -q
 
+# The edit loop (<= 3 min on 2 cores): the unit tier in random order, the layer and size checks
+# among it; no servers, no flow runs. `make test` runs everything, slow tests included.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" tests/unit
 
 bench: install
 	$(BIN)/python -m bench.release

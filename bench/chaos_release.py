@@ -29,15 +29,14 @@ def _release_params(seed: int, lease_s: float) -> dict[str, Any]:
     return {
         "window_end": END.isoformat(),
         "window_days": 7.0,
-        "epochs": 3,  # as the deployment tests: enough to be blessed on 40k events
-        "batch_size": 512,
-        "min_rows": 5_000,
-        "seed": seed,
+        # as the deployment tests: enough to be blessed on 40k events
+        "training": {"epochs": 3, "batch_size": 512, "seed": seed},
+        "data": {"min_rows": 5_000},
         "canary_steps": [STEP],
         "analysis_window_s": max(lease_s, 10.0),
         # at the shop's rate on 2 busy cores (~10 req/s served) the plan needs this many windows
         # to call the step reachable; the kill comes long before the first look ends
-        "max_windows_per_step": 80,
+        "gate": {"max_windows": 80},
         "approval_timeout_s": 60,
         "impact_report_after": False,
         "tensorrt_wait_s": 0,

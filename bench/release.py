@@ -134,7 +134,11 @@ def main() -> None:
         started = time.perf_counter()
         # No fleet here: stop after the blessing (see the docstring).
         state = retrain_and_release(
-            window_end=end, epochs=args.epochs, actor="bench", deploy=False, return_state=True
+            window_end=end,
+            training={"epochs": args.epochs},
+            actor="bench",
+            deploy=False,
+            return_state=True,
         )
         wall = time.perf_counter() - started
         if not state.is_completed():

@@ -19,28 +19,14 @@ from tasks.drift import (
 )
 from tasks.guard import read_champion
 
-RULES = DriftRules()  # drift-watch's defaults live in its own type; the signature reads them
-
 
 @flow(name="drift-watch", log_prints=True)
 def drift_watch(
     window_minutes: Annotated[float, Field(gt=0, le=24 * 60)] = 15.0,
-    min_rows: Annotated[int, Field(ge=1)] = RULES.min_rows,
-    sigma: Annotated[float, Field(gt=0)] = RULES.sigma,
-    alpha: Annotated[float, Field(gt=0, lt=1)] = RULES.alpha,
-    wasserstein_limit: Annotated[float, Field(gt=0)] = RULES.wasserstein_limit,
-    jensen_shannon_limit: Annotated[float, Field(gt=0, le=1)] = RULES.jensen_shannon_limit,
-    cooldown_hours: Annotated[float, Field(ge=0)] = RULES.cooldown_hours,
+    rules: DriftRules = DriftRules(),  # noqa: B008 - frozen; the run form shows its fields
 ) -> GateResult:
     """Compare the last window's impressions with the champion's training window; on drift, say so."""
     settings = get_settings()
-    rules = DriftRules(
-        min_rows=min_rows,
-        sigma=sigma,
-        alpha=alpha,
-        wasserstein_limit=wasserstein_limit,
-        jensen_shannon_limit=jensen_shannon_limit,
-    )
     champion = read_champion(settings, f"drift-{flow_run.id}")
     if champion is None:
         return GateResult(
@@ -50,5 +36,5 @@ def drift_watch(
     live = read_live_impressions(settings, window_minutes)
     report = assess_live_drift(settings, champion, reference, live, window_minutes, rules)
     if report.gate.verdict is Verdict.failed:
-        announce_drift(settings, champion, report, cooldown_hours)
+        announce_drift(settings, champion, report, rules.cooldown_hours)
     return report.gate

@@ -27,28 +27,15 @@ from tasks.reconcile import find_live_releases, reconcile_fleet
 from tasks.rollback import choose_rollback_target, roll_back_champion
 from tasks.workdir import run_workdir
 
-LIMITS = GuardLimits()  # the guard's defaults live in its own type; the signature reads them
-
 
 @flow(name="release-guard", log_prints=True)
 def release_guard(
     window_minutes: Annotated[float, Field(gt=0, le=24 * 60)] = 10.0,
     recent_hours: Annotated[float, Field(gt=0, le=24 * 30)] = 24.0,
-    slo_p95_ms: Annotated[float, Field(gt=0)] = LIMITS.max_p95_ms,
-    slo_error_rate: Annotated[float, Field(gt=0, le=1)] = LIMITS.max_error_rate,
-    min_requests: Annotated[int, Field(ge=1)] = LIMITS.min_requests,
-    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = LIMITS.max_auc_drop,
-    min_traffic_share: Annotated[float, Field(ge=0, le=1)] = LIMITS.min_traffic_share,
+    limits: GuardLimits = GuardLimits(),  # noqa: B008 - frozen; the run form shows its fields
 ) -> GateResult:
     """Reconcile the fleet; check the champion's live SLO and quality; roll back on failure."""
     settings = get_settings()
-    limits = GuardLimits(
-        max_p95_ms=slo_p95_ms,
-        max_error_rate=slo_error_rate,
-        min_requests=min_requests,
-        max_auc_drop=max_auc_drop,
-        min_traffic_share=min_traffic_share,
-    )
     guard_id = f"guard-{flow_run.id}"
     champion = read_champion(settings, guard_id)
     fleet = reconcile_fleet(

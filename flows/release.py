@@ -61,11 +61,6 @@ from tasks.workdir import run_workdir
 
 # A step's canary share; the baseline takes as many users again, so at most half.
 CanaryPercent = Annotated[int, Field(ge=1, le=50)]
-RULES = CanaryRules()  # the gate's defaults live in its own type; the signature reads them
-DATA = DataLimits()  # likewise the data limits, the training knobs, the blessing, the report
-TRAINING = TrainConfig()
-BLESSING = CalibrationThresholds()
-IMPACT = ImpactOptions()
 
 
 @flow(
@@ -78,29 +73,21 @@ IMPACT = ImpactOptions()
 def retrain_and_release(
     window_days: Annotated[float, Field(gt=0, le=90)] = 7.0,
     window_end: datetime | None = None,
-    epochs: Annotated[int, Field(ge=1, le=50)] = TRAINING.epochs,
-    batch_size: Annotated[int, Field(ge=32, le=65_536)] = TRAINING.batch_size,
-    seed: int = TRAINING.seed,
-    min_rows: Annotated[int, Field(ge=1)] = DATA.min_rows,
     train_on_served: bool = False,
     actor: str = "schedule",
     deploy: bool = True,
-    max_kl: Annotated[float, Field(gt=0)] = BLESSING.max_kl,
-    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = BLESSING.max_auc_drop,
     canary_steps: Annotated[list[CanaryPercent], Field(min_length=1)] = [5, 25, 50],  # noqa: B006 - pydantic copies
     analysis_window_s: Annotated[float, Field(gt=0, le=3600)] = 20.0,
-    max_windows_per_step: Annotated[int, Field(ge=1, le=100)] = RULES.max_windows,
-    slo_p95_ms: Annotated[float, Field(gt=0)] = RULES.max_p95_ms,
-    slo_error_rate: Annotated[float, Field(gt=0, le=1)] = RULES.max_error_rate,
-    confidence: Annotated[float, Field(gt=0.5, lt=1)] = RULES.confidence,
-    tolerance_pct: Annotated[float, Field(ge=0, le=1000)] = RULES.tolerance_pct,
-    tolerance_ms: Annotated[float, Field(ge=0, le=60_000)] = RULES.tolerance_ms,
-    error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = RULES.error_tolerance_pt,
-    min_requests: Annotated[int, Field(ge=1)] = RULES.min_requests,
     approval_timeout_s: Annotated[int, Field(ge=1)] = 3600,
     tensorrt_wait_s: Annotated[float, Field(ge=0, le=7200)] = 900.0,
     impact_report_after: bool = True,
-    impact_min_sessions: Annotated[int, Field(ge=10)] = IMPACT.min_sessions,
+    # The rules and knobs, each the type its stage consumes: the run form shows every field
+    # with its default, and a deployment sets only the nested fields it changes.
+    data: DataLimits = DataLimits(),  # noqa: B008 - frozen: never mutated
+    training: TrainConfig = TrainConfig(),  # noqa: B008
+    blessing: CalibrationThresholds = CalibrationThresholds(),  # noqa: B008
+    gate: CanaryRules = CanaryRules(),  # noqa: B008
+    impact: ImpactOptions = ImpactOptions(),  # noqa: B008
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
     settings = get_settings()
@@ -109,10 +96,8 @@ def retrain_and_release(
     workdir = run_workdir(settings)
 
     frame = read_training_window(settings, window, served=train_on_served)
-    validate_training_data(frame, window, DataLimits(min_rows=min_rows))
-    trained = train_ctr_model(
-        frame, TrainConfig(seed=seed, epochs=epochs, batch_size=batch_size), workdir
-    )
+    validate_training_data(frame, window, data)
+    trained = train_ctr_model(frame, training, workdir)
     model_path = export_onnx(trained, workdir)
     compiled = compile_engines(model_path, trained, workdir)
     lineage = compute_lineage(model_path, frame, compiled.engines, str(window))
@@ -127,13 +112,13 @@ def retrain_and_release(
         settings,
         release.version,
         calibration,
-        CalibrationThresholds(max_kl=max_kl, max_auc_drop=max_auc_drop),
+        blessing,
         workdir,
     )
-    blessing = check_blessing(settings, release)
-    if blessing.verdict is not Verdict.passed:
+    blessed = check_blessing(settings, release)
+    if blessed.verdict is not Verdict.passed:
         return finish_release(
-            settings, summary, release, ReleaseOutcome.not_deployed, blessing.reason
+            settings, summary, release, ReleaseOutcome.not_deployed, blessed.reason
         )
     if not deploy:
         return finish_release(
@@ -166,18 +151,8 @@ def retrain_and_release(
             "the fleet already serves this version",
         )
 
-    rules = CanaryRules(
-        max_p95_ms=slo_p95_ms,
-        max_error_rate=slo_error_rate,
-        confidence=confidence,
-        tolerance_pct=tolerance_pct,
-        tolerance_ms=tolerance_ms,
-        error_tolerance_pt=error_tolerance_pt,
-        min_requests=min_requests,
-        max_windows=max_windows_per_step,
-    )
     plan = plan_canary_steps(
-        settings, release, canary_steps, analysis_window_s, rules, started, champion=stable
+        settings, release, canary_steps, analysis_window_s, gate, started, champion=stable
     )
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
         go_answer = ask_a_person(
@@ -202,29 +177,29 @@ def retrain_and_release(
             deploy_canary(settings, release, baseline=stable, weight=0)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
-                gate = analyse_canary_step(
-                    settings, release, stable, weight, rules, analysis_window_s
+                step = analyse_canary_step(
+                    settings, release, stable, weight, gate, analysis_window_s
                 )
-                if gate.verdict is Verdict.inconclusive:
+                if step.verdict is Verdict.inconclusive:
                     answer = ask_a_person(
                         CanaryDecision,
-                        f"Canary {release.version} at {weight}%: {gate.reason}. Promote or roll back?",
+                        f"Canary {release.version} at {weight}%: {step.reason}. Promote or roll back?",
                         approval_timeout_s,
                     )
-                    gate = decision_verdict(answer or CanaryDecision(), timed_out=answer is None)
-                    record_decision(settings, release, gate, weight=weight)
-                    decided.append(f"at {weight}% {gate.reason}")
-                if gate.verdict is not Verdict.passed:
+                    step = decision_verdict(answer or CanaryDecision(), timed_out=answer is None)
+                    record_decision(settings, release, step, weight=weight)
+                    decided.append(f"at {weight}% {step.reason}")
+                if step.verdict is not Verdict.passed:
                     txn.set("verdict_at", time.time())  # the hook measures verdict -> weight 0
-                    raise CanaryRejected(gate)
+                    raise CanaryRejected(step)
             if decided:
                 reason = f"promoted to stable after the canary ({'; '.join(decided)})"
             promote_canary(settings, release, reason)
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
         # only now, with the canary out of traffic: why its latency regressed, if it did
-        gate = explain_canary_rejection(settings, release, stable, rejected.gate)
-        outcome, reason = ReleaseOutcome.rolled_back, gate.reason
+        explained = explain_canary_rejection(settings, release, stable, rejected.gate)
+        outcome, reason = ReleaseOutcome.rolled_back, explained.reason
 
     if impact_report_after:  # what the canary's latency cost, over the canary's own window
         start, end = canary_period(settings, release)
@@ -233,7 +208,11 @@ def retrain_and_release(
             end=end,
             model_versions=[stable, release.version],
             attach_to=release.version,
-            min_sessions=impact_min_sessions,
+            min_sessions=impact.min_sessions,
+            min_sessions_per_slot=impact.min_sessions_per_slot,
+            refutation_simulations=impact.refutation_simulations,
+            max_refutation_sessions=impact.max_refutation_sessions,
+            seed=impact.seed,
             return_state=True,
         )
     return finish_release(settings, summary, release, outcome, reason)

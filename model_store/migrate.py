@@ -41,14 +41,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from core.impact.storage import REPORT_KIND as IMPACT_KIND
-from core.impact.types import StoredImpactReport
 from model_store.attachments import Attachment, attachment_key, attachments_prefix
-from model_store.plans import PLAN_KIND, PlanRecord, save_plan_record
-from model_store.store import ModelStore
-from relay.errors import RelayError
-from relay.types import BlobRef
-from tasks.calibration import (
+from model_store.calibration import (
     CALIBRATION_SET_KIND,
     CALIBRATION_SET_NAME,
     REPORT_KIND,
@@ -57,6 +51,12 @@ from tasks.calibration import (
     fix_calibration_set,
     save_report,
 )
+from model_store.impact_records import REPORT_KIND as IMPACT_KIND
+from model_store.impact_records import StoredImpactReport
+from model_store.plans import PLAN_KIND, PlanRecord, save_plan_record
+from model_store.store import ModelStore
+from relay.errors import RelayError
+from relay.types import BlobRef
 
 OLD_CALIBRATION_POINTER = "calibration/current.json"
 OLD_IMPACT_PREFIX = "reports/impact/"
@@ -201,12 +201,12 @@ def _impact_in_place(store: ModelStore, key: str, raw: bytes) -> str:
     doing = f"migrating impact report {key}"
     refs = dict(sorted(blobs.items()))
     for ref in refs.values():
-        store._confirm_blob(ref, doing)
+        store.confirm_blob(ref, doing)
     envelope = Attachment(
         version=version,
         kind=IMPACT_KIND,
         name=report_id,
-        content=store._put_small_blob(data, doing),  # written before the object is replaced
+        content=store.put_bytes_blob(data, doing),  # written before the object is replaced
         blobs=refs,
     )
     if _is_envelope(store.backend.get_bytes(key)):  # another migration got here first

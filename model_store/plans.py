@@ -29,7 +29,7 @@ class PlanRecord(BaseModel):
     reason: str
     engine: EngineRecord | None  # None when the plan was rejected: no blob is kept for it
     parity: ParityResult | None
-    build_hash: str  # tasks.lineage.build_hash over this plan's bytes and options
+    build_hash: str  # core.lineage.hashing.build_hash over this plan's bytes and options
     built_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 

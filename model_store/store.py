@@ -17,7 +17,6 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,7 +30,8 @@ from model_store.attachments import (
     describe_attachment,
     is_attachment_key,
 )
-from model_store.backend import Backend, ObjectInfo
+from model_store.backend import Backend
+from model_store.gc import GcPlan, GcReport, _digest_of, plan_gc  # noqa: F401 - re-exported
 from model_store.hashing import BackgroundDigest, sha256_file
 from relay.errors import BlobMissing, IntegrityError, StoreError, VersionExists, VersionNotFound
 from relay.types import AliasEvent, BlobRef, VersionManifest
@@ -57,10 +57,6 @@ def _is_manifest_key(key: str) -> bool:
     return len(parts) == 3 and parts[0] == "versions" and parts[2] == "manifest.json"
 
 
-def _digest_of(key: str) -> str:
-    return key.rsplit("/", 1)[1]
-
-
 def version_at(history: Iterable[AliasEvent], when: datetime) -> str | None:
     """The version an alias pointed at, at a given time, from its history (oldest first)."""
     current = None
@@ -69,48 +65,6 @@ def version_at(history: Iterable[AliasEvent], when: datetime) -> str | None:
             break
         current = event.version
     return current
-
-
-@dataclass(frozen=True)
-class GcPlan:
-    """What gc may delete: blobs no manifest references, written and leased before the cutoff."""
-
-    delete: list[ObjectInfo]
-    spared_recent: list[ObjectInfo]  # unreferenced, but a writer may be about to publish them
-    referenced: int
-
-
-def plan_gc(
-    blobs: Iterable[ObjectInfo],
-    referenced: set[str],
-    leased_at: dict[str, datetime],
-    cutoff: datetime,
-) -> GcPlan:
-    """Split stored blobs into deletable orphans and orphans too recent to touch."""
-    delete, spared, kept = [], [], 0
-    for blob in blobs:
-        digest = _digest_of(blob.key)
-        if digest in referenced:
-            kept += 1
-        elif blob.modified >= cutoff or leased_at.get(digest, blob.modified) >= cutoff:
-            spared.append(blob)
-        else:
-            delete.append(blob)
-    return GcPlan(delete=delete, spared_recent=spared, referenced=kept)
-
-
-@dataclass(frozen=True)
-class GcReport:
-    """What a gc run removed (or, with dry_run, would remove) and what it left alone."""
-
-    dry_run: bool
-    cutoff: datetime
-    deleted: list[str] = field(default_factory=list)  # blob digests
-    freed_bytes: int = 0
-    spared_recent: list[str] = field(default_factory=list)
-    referenced: int = 0
-    leases_removed: int = 0
-    incomplete_uploads: list[str] = field(default_factory=list)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -136,17 +90,17 @@ class ModelStore:
         stored = self.backend.stat(blob_key(digest))
         if stored is None or stored.size != size:  # a short object here is damage, not a copy
             self.backend.put_file(blob_key(digest), path)
-            self._confirm_blob(ref, f"uploading {path.name}")
+            self.confirm_blob(ref, f"uploading {path.name}")
         self._lease(ref)
         return ref
 
-    def _put_small_blob(self, data: bytes, doing: str) -> BlobRef:
+    def put_bytes_blob(self, data: bytes, doing: str) -> BlobRef:
         """put_blob for bytes already in memory (records, not engines)."""
         ref = BlobRef(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
         stored = self.backend.stat(blob_key(ref.sha256))
         if stored is None or stored.size != ref.size:
             self.backend.put_bytes(blob_key(ref.sha256), data)
-            self._confirm_blob(ref, doing)
+            self.confirm_blob(ref, doing)
         self._lease(ref)
         return ref
 
@@ -161,7 +115,8 @@ class ModelStore:
         """Where the store lives, for messages (never credentials)."""
         return self.backend.describe()
 
-    def _confirm_blob(self, ref: BlobRef, doing: str) -> None:
+    def confirm_blob(self, ref: BlobRef, doing: str) -> None:
+        """Raise BlobMissing or IntegrityError (naming `doing`) unless the blob is stored whole."""
         key = blob_key(ref.sha256)
         stored = self.backend.stat(key)
         if stored is None:
@@ -212,7 +167,7 @@ class ModelStore:
         _check_name("version", manifest.version)
         refs = _blob_refs(manifest)
         for ref in refs:
-            self._confirm_blob(ref, f"cannot publish {manifest.version}")
+            self.confirm_blob(ref, f"cannot publish {manifest.version}")
         data = manifest.model_dump_json(indent=2).encode()
         if not self.backend.put_bytes(manifest_key(manifest.version), data, exclusive=True):
             existing = self.get_manifest(manifest.version)
@@ -225,7 +180,7 @@ class ModelStore:
         # gc spares recently leased blobs, so this only fails when a publish took longer than
         # gc's grace period; say so rather than leave a version that cannot be fetched unnoticed.
         for ref in refs:
-            self._confirm_blob(
+            self.confirm_blob(
                 ref,
                 f"version {manifest.version} was published but a blob vanished meanwhile "
                 "(a gc with too short a grace period?); re-running the registration re-uploads it",
@@ -280,12 +235,12 @@ class ModelStore:
         _check_name("attachment name", name)
         refs = dict(sorted((blobs or {}).items()))
         for ref in refs.values():
-            self._confirm_blob(ref, f"cannot file attachment {about}")
+            self.confirm_blob(ref, f"cannot file attachment {about}")
         attachment = Attachment(
             version=version,
             kind=kind,
             name=name,
-            content=self._put_small_blob(content, f"filing attachment {about}"),
+            content=self.put_bytes_blob(content, f"filing attachment {about}"),
             blobs=refs,
         )
         data = attachment.model_dump_json(indent=2).encode()
@@ -298,7 +253,7 @@ class ModelStore:
             return existing
         # As for publish: only a gc with too short a grace period could have taken these.
         for ref in attachment.referenced():
-            self._confirm_blob(ref, f"attachment {about} was filed but a blob vanished meanwhile")
+            self.confirm_blob(ref, f"attachment {about} was filed but a blob vanished meanwhile")
         return attachment
 
     def find_attachment(self, version: str | None, kind: str, name: str) -> Attachment | None:

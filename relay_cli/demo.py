@@ -19,7 +19,7 @@ DEMO_CANARY = {
     "canary_steps": [25, 50],
     "analysis_window_s": 15.0,
     "approval_timeout_s": 600,
-    "impact_min_sessions": 200,
+    "impact": {"min_sessions": 200},
 }
 # Between the first release and the second, the shop's shoppers use the first for this long:
 # the second release then trains partly on what it served.
@@ -28,10 +28,10 @@ SERVED_S = 30.0
 
 def _demo(args: argparse.Namespace) -> int:
     import logstore
+    from core.data.validation import window_ending
     from flows.release import retrain_and_release
     from model_store import open_store
     from simulation.seed import ensure_seeded
-    from tasks.data import window_ending
 
     settings = get_settings()
     window = window_ending(None, args.window_days)
@@ -51,7 +51,7 @@ def _demo(args: argparse.Namespace) -> int:
             _serve_shoppers(settings)
         state = retrain_and_release(
             window_days=args.window_days,
-            seed=seed,
+            training={"seed": seed},
             actor="make demo",
             train_on_served=True,
             return_state=True,
@@ -112,8 +112,8 @@ def _serve_shoppers(settings: Settings) -> None:
 
 def _seed(args: argparse.Namespace) -> int:
     import logstore
+    from core.data.validation import window_ending
     from simulation.seed import seed_events
-    from tasks.data import window_ending
 
     settings = get_settings()
     window = window_ending(None, args.window_days)

@@ -102,8 +102,7 @@ def _store_gc(args: argparse.Namespace) -> int:
 
 
 def _store_migrate(args: argparse.Namespace) -> int:
-    # Here, not at the top: the migration validates records with the pipeline's own models
-    # (tasks.calibration loads Prefect and pandas), a one-off cost the other commands never pay.
+    # Here, not at the top: a one-off command; the others never load the records' models.
     from model_store.migrate import migrate_records
 
     store = open_store(get_settings())

@@ -7,13 +7,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from core.lineage.hashing import compute_lineage_record
+from core.training.model import TrainConfig, TrainedModel, train_model
 from model_store import ModelStore
 from relay.types import VersionManifest
 from tasks.compilation import CompileOutcome, optimise_fp32, quantise_int8
 from tasks.export import export_model
-from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
-from tasks.training import TrainConfig, TrainedModel, train_model
 
 
 def train_and_publish(

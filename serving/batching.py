@@ -38,6 +38,29 @@ class BatchTiming:
     compute_s: float = 0.0  # the engine call
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFault:
+    """Extra time spent inside a batch's stage on the engine thread, as a real cause would take it.
+
+    A slower model (`compute`) or feature pipeline (`preprocess`) makes the engine thread busy
+    for longer, so the stage's own timer measures it and every request queued behind the batch
+    waits longer too: unlike a hold after scoring, the cost is not booked anywhere by hand.
+    `factor` 3 makes the stage take three times as long (it grows with the batch's rows, as a
+    heavier model's does); `ms` adds a fixed cost per batch.
+    """
+
+    stage: str  # "preprocess" or "compute"
+    ms: float = 0.0
+    factor: float = 1.0
+
+    def spend(self, stage: str, elapsed_s: float) -> None:
+        """Hold the engine thread for this stage's extra time (the thread, like ORT, not the GIL)."""
+        if stage == self.stage:
+            extra = self.ms / 1000 + (self.factor - 1.0) * elapsed_s
+            if extra > 0:
+                time.sleep(extra)
+
+
 # (this request's scores, its batch) on success, or (None, None, the reason) on failure.
 Delivery = Callable[[np.ndarray | None, BatchTiming | None, RequestRejected | None], None]
 # On the engine thread: (each request's tag, its rows, the batch's raw rows, their scores) ->
@@ -63,6 +86,7 @@ class Batcher:
         self.max_delay_s = max_delay_s
         self._on_batch = on_batch
         self._finish = finish
+        self.fault: EngineFault | None = None  # set by the worker from its routing table
         self._loop = asyncio.get_running_loop()
         self._queue: deque[_Item] = deque()
         self._queued_rows = 0
@@ -130,11 +154,16 @@ class Batcher:
 
     def _compute(self, taken: list[_Item], timing: BatchTiming) -> np.ndarray:
         # Runs on the engine thread.
+        fault = self.fault  # one read: a batch sees one setting
         t0 = time.perf_counter()
         raw = taken[0][0] if len(taken) == 1 else np.concatenate([t[0] for t in taken])
         x = model_input(raw)
+        if fault is not None:
+            fault.spend("preprocess", time.perf_counter() - t0)
         t1 = time.perf_counter()
         scores = self.model.engine.run(x)
+        if fault is not None:
+            fault.spend("compute", time.perf_counter() - t1)
         timing.preprocess_s = t1 - t0
         timing.compute_s = time.perf_counter() - t1
         if self._finish is not None:

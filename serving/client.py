@@ -144,6 +144,57 @@ class BinaryClient:
                 answers[answered] = _answer(kind, head, payload)
         return [answers[i] for i in ids]
 
+    def predict_paced(
+        self, requests: Sequence[BinaryRequest], send_at_s: Sequence[float]
+    ) -> list[BinaryResult | BinaryRejection]:
+        """Answers in request order, sent open-loop: request k leaves `send_at_s[k]` s after start.
+
+        Users arrive whatever the latency, so unlike `predict_many` a slower worker does not
+        slow the offered load: what is in flight grows instead, as in production.
+        """
+        if len(send_at_s) != len(requests) or any(b < a for a, b in itertools.pairwise(send_at_s)):
+            raise ValueError("send_at_s needs one non-decreasing offset per request")
+        frames = []
+        for request in requests:
+            frame_id = next(self._ids)
+            frames.append((frame_id, encode_predict(frame_id, request)))
+        failure: list[BaseException] = []
+
+        def send() -> None:
+            start = time.perf_counter()
+            sent = 0
+            try:
+                while sent < len(frames):
+                    now = time.perf_counter() - start
+                    due = sent
+                    while due < len(frames) and send_at_s[due] <= now:
+                        due += 1
+                    if due > sent:
+                        self._send(b"".join(f for _, f in frames[sent:due]))
+                        sent = due
+                    if sent < len(frames):
+                        time.sleep(max(0.0, start + send_at_s[sent] - time.perf_counter()))
+            except OSError as exc:
+                failure.append(exc)
+
+        sender = threading.Thread(target=send, name="binary-paced-sender", daemon=True)
+        sender.start()
+        waiting = {frame_id for frame_id, _ in frames}
+        answers: dict[int, BinaryResult | BinaryRejection] = {}
+        try:
+            while waiting and not failure:
+                for kind, head, payload in self._receive():
+                    answered = head.get("id") if isinstance(head, dict) else None
+                    if kind == Kind.PONG or answered not in waiting:
+                        continue
+                    waiting.discard(answered)
+                    answers[answered] = _answer(kind, head, payload)
+        finally:
+            sender.join()
+        if failure:
+            raise ServingError(f"sending paced requests failed: {failure[0]}")
+        return [answers[frame_id] for frame_id, _ in frames]
+
     def ping(self) -> float:
         """Round trip of a heartbeat, in seconds."""
         frame_id = next(self._ids)

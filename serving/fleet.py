@@ -283,12 +283,12 @@ class FleetClient:
         return self.take_canary_out(CanaryRemoval.operator)
 
     def set_injected_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
     ) -> FleetResult:
-        """Every request of `slot` takes `factor` times as long plus `ms`, booked to `stage`
-        (queue, preprocess, compute or postprocess), on every worker."""
+        """Every request of `slot` takes `factor` times as long plus `ms` in `stage`, on every
+        worker: held after scoring (mode hold), or spent in the engine's batches (mode engine)."""
         check_slot(slot)
-        body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage}
+        body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage, "mode": mode}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
     def set_ranking(self, slot: str, ranking: str) -> FleetResult:

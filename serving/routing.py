@@ -27,6 +27,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 
 from relay.types import CanaryRemoval
+from serving.batching import EngineFault
 from serving.schema import RequestRejected
 
 STABLE = "stable"
@@ -35,6 +36,11 @@ BASELINE = "baseline"
 SLOTS = (STABLE, CANARY, BASELINE)
 # Where a request's time goes (its inference_logs row splits latency into these).
 STAGES = ("queue", "preprocess", "compute", "postprocess")
+# "hold": the request is held after scoring and the time booked to `stage` (rehearses a slow
+# canary); "engine": the stage itself runs slower on the engine thread (a real cause: it is
+# measured by the stage's timer and queues the requests behind it), preprocess or compute only.
+INJECTION_MODES = ("hold", "engine")
+ENGINE_STAGES = ("preprocess", "compute")
 MAX_INJECTED_MS = 60_000.0
 MAX_SLOWDOWN = 100.0
 # How a slot ranks its answers: by the model's scores, or (to rehearse a version that is fast
@@ -81,6 +87,18 @@ class Injection:
     ms: float = 0.0
     factor: float = 1.0
     stage: str = "compute"
+    mode: str = "hold"  # one of INJECTION_MODES
+
+    @property
+    def holds(self) -> bool:
+        """Whether requests are held after scoring (mode hold, and anything to add)."""
+        return self.mode == "hold" and (self.ms > 0 or self.factor > 1)
+
+    def engine_fault(self) -> EngineFault | None:
+        """What the engine thread must spend (mode engine), None otherwise."""
+        if self.mode != "engine" or (self.ms <= 0 and self.factor <= 1):
+            return None
+        return EngineFault(self.stage, self.ms, self.factor)
 
     def extra_s(self, elapsed_s: float) -> float:
         """Seconds to hold a request that has taken `elapsed_s` so far."""
@@ -211,13 +229,19 @@ class RoutingTable(Generic[M]):
         return replace(self, canary=None, baseline=None, canary_weight=0, lease=None)
 
     def with_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
     ) -> RoutingTable[M]:
-        """Requests of `slot` take `factor` times as long, plus `ms`, booked to `stage`."""
+        """Requests of `slot` take `factor` times as long, plus `ms`, in `stage` (see `mode`)."""
         check_slot(slot)
-        if stage not in STAGES:
+        if mode not in INJECTION_MODES:
             raise RequestRejected(
-                "bad_stage", f"stage must be one of {', '.join(STAGES)}, got {stage!r}"
+                "bad_mode", f"mode must be one of {', '.join(INJECTION_MODES)}, got {mode!r}"
+            )
+        stages = ENGINE_STAGES if mode == "engine" else STAGES
+        if stage not in stages:
+            raise RequestRejected(
+                "bad_stage",
+                f"stage must be one of {', '.join(stages)} in mode {mode}, got {stage!r}",
             )
         if type(ms) not in (int, float) or not 0.0 <= ms <= MAX_INJECTED_MS:
             raise RequestRejected(
@@ -227,7 +251,7 @@ class RoutingTable(Generic[M]):
             raise RequestRejected(
                 "bad_latency", f"slowdown factor must be 1-{MAX_SLOWDOWN:g}, got {factor!r}"
             )
-        injections = {**self.injections, slot: Injection(float(ms), float(factor), stage)}
+        injections = {**self.injections, slot: Injection(float(ms), float(factor), stage, mode)}
         return replace(self, injections=injections)
 
     def with_ranking(self, slot: str, ranking: str) -> RoutingTable[M]:

@@ -38,7 +38,7 @@ from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
-    Injection,
+    SLOTS,
     RoutingTable,
     check_slot,
     perturbed,
@@ -135,7 +135,7 @@ class Worker(CanaryControl):
         slot, served = route
         ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
         injection = table.injection(slot)
-        ex.injection = injection if injection != Injection() else None
+        ex.injection = injection if injection.holds else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
@@ -352,11 +352,11 @@ class Worker(CanaryControl):
             return self.state()
 
     async def set_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute"
+        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
     ) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor, stage))
-            log.info("injected latency for %s set to x%s + %s ms in %s", slot, factor, ms, stage)
+            self._swap(self.table.with_latency(slot, ms, factor, stage, mode))
+            log.info("injected x%s + %s ms in %s of %s (%s)", factor, ms, stage, slot, mode)
             return self.state()
 
     async def set_ranking(self, slot: str, ranking: str) -> dict[str, Any]:
@@ -368,6 +368,9 @@ class Worker(CanaryControl):
     def _swap(self, table: RoutingTable[Served]) -> None:
         leaving = self.table.models() - table.models()
         self.table = table
+        for slot in SLOTS:  # an engine-mode injection runs inside the slot's batches
+            if (served := getattr(table, slot)) is not None:
+                served.batcher.fault = table.injection(slot).engine_fault()
         for served in leaving:  # drain what they already queued, then free their engines
             task = asyncio.get_running_loop().create_task(self._retire(served))
             self._retiring.add(task)

@@ -31,6 +31,7 @@ def worker_state(worker: Worker) -> dict[str, Any]:
         "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
         "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
         "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
+        "inject_mode": {slot: t.injection(slot).mode for slot in SLOTS},
         "ranking": {slot: t.ranking(slot) for slot in SLOTS},
         "batching": {
             "max_rows": worker.settings.serving_max_batch_rows,

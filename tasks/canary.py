@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Literal, TypeVar
 
 from prefect import task
@@ -27,14 +28,20 @@ from prefect.states import Running
 from prefect.transactions import Transaction
 
 import logstore
-from logstore.release_events import ReleaseEvent, events_of_release, record_event
+from logstore.release_events import (
+    ActionVerdict,
+    EventKind,
+    ReleaseEvent,
+    events_of_release,
+    record_event,
+)
 from model_store import open_store
+from model_store.calibration import load_report
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings, get_settings
 from relay.types import CanaryRemoval, GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult
 from tasks.aliases import move_alias
-from tasks.calibration import load_report
 from tasks.canary_removal import take_canary_out
 from tasks.tracing import release_span, release_tracer, traced
 
@@ -104,9 +111,14 @@ def plan_decision_verdict(decision: PlanDecision, timed_out: bool) -> GateResult
 
 
 def record(
-    settings: Settings, release: Release, kind: str, verdict: str, reason: str, **details: Any
+    settings: Settings,
+    release: Release,
+    kind: EventKind,
+    verdict: StrEnum,
+    reason: str,
+    **details: Any,
 ) -> None:
-    """Append one release event to ClickHouse."""
+    """Append one release event to ClickHouse (its kinds and verdicts: logstore.release_events)."""
     client = logstore.connect(settings.resolved_clickhouse_dsn)
     record_event(
         client,
@@ -152,13 +164,13 @@ def check_blessing(settings: Settings, release: Release) -> GateResult:
             else "calibration did not bless it: "
             + "; ".join(c.reason for c in report.checks if c.verdict is not Verdict.passed)
         )
-        record(settings, release, "deploy", "not_deployed", why)
+        record(settings, release, EventKind.deploy, ActionVerdict.not_deployed, why)
         return GateResult(gate="blessing", verdict=Verdict.failed, reason=f"not deployed: {why}")
     record(
         settings,
         release,
-        "calibration",
-        "blessed",
+        EventKind.calibration,
+        ActionVerdict.blessed,
         "calibration passed",
         baseline=report.baseline_version,
     )
@@ -192,8 +204,8 @@ def deploy_first_release(settings: Settings, release: Release) -> None:
     record(
         settings,
         release,
-        "deploy",
-        "passed" if result.ok else "error",
+        EventKind.deploy,
+        Verdict.passed if result.ok else Verdict.error,
         f"first release as stable: {result.reason}",
         **fleet_details(result),
     )
@@ -221,8 +233,8 @@ def deploy_canary(settings: Settings, release: Release, baseline: str, weight: i
     record(
         settings,
         release,
-        "deploy",
-        "passed" if result.ok else "error",
+        EventKind.deploy,
+        Verdict.passed if result.ok else Verdict.error,
         result.reason,
         weight=weight,
         baseline=baseline,
@@ -262,8 +274,8 @@ def set_canary_weight(settings: Settings, release: Release, weight: int) -> Flee
     record(
         settings,
         release,
-        "weight",
-        "passed" if result.ok else "error",
+        EventKind.weight,
+        Verdict.passed if result.ok else Verdict.error,
         result.reason,
         weight=weight,
         **fleet_details(result),
@@ -283,7 +295,9 @@ def set_canary_weight(settings: Settings, release: Release, weight: int) -> Flee
 def canary_period(settings: Settings, release: Release) -> tuple[datetime, datetime]:
     """From the canary's deploy to now: the window the impact report analyses."""
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    deploys = [e.ts for e in events_of_release(client, release.release_id) if e.kind == "deploy"]
+    deploys = [
+        e.ts for e in events_of_release(client, release.release_id) if e.kind == EventKind.deploy
+    ]
     end = datetime.now(UTC)
     start = deploys[0] if deploys else end
     return (start if start.tzinfo else start.replace(tzinfo=UTC)), end
@@ -295,8 +309,8 @@ def record_decision(settings: Settings, release: Release, gate: GateResult, weig
     record(
         settings,
         release,
-        "decision",
-        gate.verdict.value,
+        EventKind.decision,
+        gate.verdict,
         gate.reason,
         gate=gate.gate,
         weight=weight,
@@ -312,8 +326,8 @@ def promote_canary(settings: Settings, release: Release, reason: str) -> FleetRe
     record(
         settings,
         release,
-        "promote",
-        "passed" if result.ok else "error",
+        EventKind.promote,
+        Verdict.passed if result.ok else Verdict.error,
         result.reason,
         **fleet_details(result),
     )

@@ -34,12 +34,13 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import Field
 
 from core.gate.sequential import (
     METHOD,
@@ -51,7 +52,7 @@ from core.gate.sequential import (
 )
 from logstore.feedback import ClickSums, query_click_cohorts
 from logstore.reading import connect_for_reading
-from logstore.release_events import events_of_release
+from logstore.release_events import EventKind, events_of_release
 from logstore.slo import (
     CohortSums,
     PairedSeconds,
@@ -78,18 +79,30 @@ SLOTS = ("canary", "baseline", "stable")
 class CanaryRules:
     """When a canary step passes, fails or needs a person. The one home of these defaults."""
 
-    max_p95_ms: float = 300.0  # absolute SLOs, on the canary alone
-    max_error_rate: float = 0.01
-    confidence: float = 0.95  # of the always-valid intervals, across every look of a step
-    tolerance_pct: float = 10.0  # practical tolerance: +10 % of the baseline's P95 ...
-    tolerance_ms: float = 5.0  # ... or +5 ms, whichever is larger
-    error_tolerance_pt: float = 0.5  # errors: +0.5 percentage points over the baseline
-    min_requests: int = 200  # per cohort over the step before any verdict
-    max_windows: int = 10  # per step; still undecided then -> inconclusive, a person decides
-    consecutive_error_limit: int = 4  # failed log queries in a row before `error`
-    ctr_tolerance_pct: float = 10.0  # clicks: a canary losing more than 10 % of them fails
-    min_impressions: int = 2_000  # per cohort, over the canary so far, before clicks are judged
-    power: float = 0.8  # what the plan aims for: a canary equal to its baseline passes
+    # The Field bounds are __post_init__'s checks as the run form and the API state them, so a
+    # bad value is refused before a flow run exists; __post_init__ still guards direct use.
+    max_p95_ms: Annotated[float, Field(gt=0)] = 300.0  # absolute SLOs, on the canary alone
+    max_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.01
+    # of the always-valid intervals, across every look of a step
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    # practical tolerance: +10 % of the baseline's P95 ...
+    tolerance_pct: Annotated[float, Field(ge=0, le=1000)] = 10.0
+    tolerance_ms: Annotated[float, Field(ge=0, le=60_000)] = (
+        5.0  # ... or +5 ms, whichever is larger
+    )
+    # errors: +0.5 percentage points over the baseline
+    error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = 0.5
+    min_requests: Annotated[int, Field(ge=1)] = 200  # per cohort over the step before any verdict
+    # per step; still undecided then -> inconclusive, a person decides
+    max_windows: Annotated[int, Field(ge=1, le=100)] = 10
+    # failed log queries in a row before `error`
+    consecutive_error_limit: Annotated[int, Field(ge=1)] = 4
+    # clicks: a canary losing more than 10 % of them fails
+    ctr_tolerance_pct: Annotated[float, Field(gt=0, lt=100)] = 10.0
+    # per cohort, over the canary so far, before clicks are judged
+    min_impressions: Annotated[int, Field(ge=1)] = 2_000
+    # what the plan aims for: a canary equal to its baseline passes
+    power: Annotated[float, Field(gt=0, lt=1)] = 0.8
 
     def __post_init__(self) -> None:
         checks = {
@@ -438,7 +451,11 @@ def read_step_figures(
 def canary_started_at(client: Any, release: Release) -> datetime | None:
     """When this release's canary first took users (its first weight above 0), if it has."""
     for event in events_of_release(client, release.release_id):
-        if event.kind == "weight" and event.verdict == "passed" and event.details.get("weight"):
+        if (
+            event.kind == EventKind.weight
+            and event.verdict == Verdict.passed
+            and event.details.get("weight")
+        ):
             return event.ts if event.ts.tzinfo else event.ts.replace(tzinfo=UTC)
     return None
 
@@ -572,8 +589,8 @@ def analyse_canary_step(
         record(
             settings,
             release,
-            "slo_window",
-            gate.verdict.value,
+            EventKind.slo_window,
+            gate.verdict,
             gate.reason,
             weight=weight,
             window=window,

@@ -22,6 +22,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from core.gate.sequential import half_width, mean_log_latency_by_user
+from logstore.release_events import ActionVerdict, EventKind
 from logstore.slo import CohortSums, RequestRate, query_cohorts, query_request_rate
 from relay.settings import Settings
 from relay.types import Release
@@ -187,8 +188,8 @@ def plan_canary_steps(
     record(
         settings,
         release,
-        "canary_plan",
-        "reachable" if plan.reachable else "unreachable",
+        EventKind.canary_plan,
+        ActionVerdict.reachable if plan.reachable else ActionVerdict.unreachable,
         plan.summary,
         basis=plan.basis,
         steps=[p.__dict__ for p in plan.steps],

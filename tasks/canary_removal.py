@@ -20,17 +20,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import logstore
-from logstore.release_events import ReleaseEvent, record_event
+from logstore.release_events import ActionVerdict, EventKind, ReleaseEvent, record_event
 from relay.settings import Settings
 from relay.types import CanaryRemoval, Release
 from serving.fleet import FleetClient, FleetResult
 
 EVENT_KIND = {
-    CanaryRemoval.verdict: "rollback",
-    CanaryRemoval.release_ended: "crashed",
-    CanaryRemoval.orphaned: "reconcile",
-    CanaryRemoval.champion_rollback: "canary_out",
-    CanaryRemoval.operator: "canary_out",
+    CanaryRemoval.verdict: EventKind.rollback,
+    CanaryRemoval.release_ended: EventKind.crashed,
+    CanaryRemoval.orphaned: EventKind.reconcile,
+    CanaryRemoval.champion_rollback: EventKind.canary_out,
+    CanaryRemoval.operator: EventKind.canary_out,
 }
 
 
@@ -57,10 +57,10 @@ def take_canary_out(
     rollback_ms = None if verdict_at is None else (time.time() - verdict_at) * 1000
     measured = {} if rollback_ms is None else {"rollback_ms": rollback_ms}
     if reason is CanaryRemoval.orphaned:
-        verdict = "repaired" if result.ok else "error"
+        verdict = ActionVerdict.repaired if result.ok else ActionVerdict.error
         details.setdefault("action", "take_canary_out")
     else:
-        verdict = "done" if result.ok else "partial"
+        verdict = ActionVerdict.done if result.ok else ActionVerdict.partial
     said = why if result.ok else f"{why} (failed: {result.reason})"
     event = ReleaseEvent(
         owner.release_id,

@@ -17,10 +17,10 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from core.training.model import TrainedModel, auc
 from relay.errors import ParityFailed
 from relay.types import ParityResult
 from tasks.export import INPUT_NAME
-from tasks.training import TrainedModel, auc
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ failed verdict outside the cool-down, emit `relay.drift.detected`, which the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pandas as pd
@@ -19,94 +18,42 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 import logstore
+from core.data.validation import TrainingWindow
+
+# The alert decision and the report's text live in the pure core; re-exported for callers.
+from core.drift.alerts import (
+    DRIFT_EVENT,
+    DriftAlert,
+    alert_decision,
+    drift_resource,
+    report_markdown,
+    sparkline,
+)
 from core.drift.analysis import DriftReport, DriftRules, assess_drift, prepare_reference
 from logstore.events import sample_window
 from logstore.feedback import sample_impressions
 from logstore.reading import connect_for_reading
+from logstore.release_events import ActionVerdict, EventKind
 from model_store import open_store
 from relay.settings import Settings
 from relay.types import GateResult, Release, Verdict
 from tasks.canary import record
-from tasks.data import TrainingWindow
 
-DRIFT_EVENT = "relay.drift.detected"
+__all__ = [
+    "DRIFT_EVENT",
+    "DriftAlert",
+    "alert_decision",
+    "announce_drift",
+    "assess_live_drift",
+    "drift_resource",
+    "read_drift_reference",
+    "read_live_impressions",
+    "report_markdown",
+    "sparkline",
+]
+
 REFERENCE_ROWS = 100_000  # a sample of the training window: enough sessions for every statistic
 LIVE_ROWS = 100_000
-_SPARK = "▁▂▃▄▅▆▇█"
-
-
-@dataclass(frozen=True)
-class DriftAlert:
-    """Whether a failed verdict becomes an event now, or falls in the cool-down of the last."""
-
-    emit: bool
-    reason: str
-
-
-def alert_decision(
-    verdict: Verdict, last_alert: datetime | None, now: datetime, cooldown: timedelta
-) -> DriftAlert:
-    """Emit on failed, unless an alert went out less than `cooldown` ago (no release storm)."""
-    if verdict is not Verdict.failed:
-        return DriftAlert(False, f"verdict {verdict.value}: nothing to announce")
-    if last_alert is not None and now - last_alert < cooldown:
-        return DriftAlert(
-            False,
-            f"drift persists, but an alert went out at {last_alert.isoformat()}, within the "
-            f"{cooldown.total_seconds() / 3600:g} h cool-down: no new retrain",
-        )
-    return DriftAlert(True, f"emitting {DRIFT_EVENT}")
-
-
-def drift_resource(version: str, lineage_id: str) -> dict[str, str]:
-    """The Prefect resource a drift event is about: the champion model version."""
-    return {
-        "prefect.resource.id": f"relay.model.{version}",
-        "prefect.resource.name": version,
-        "relay.lineage-id": lineage_id,
-    }
-
-
-def sparkline(values: list[float]) -> str:
-    """A one-line plot of a series (the score's batch z values), scaled to its own range."""
-    if not values:
-        return ""
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or 1.0
-    return "".join(_SPARK[int((v - lo) / span * (len(_SPARK) - 1))] for v in values)
-
-
-def report_markdown(report: DriftReport, window: str, reference: str) -> str:
-    """The artifact: verdict, the score's trace, and every feature's statistic, most severe first."""
-    lines = [
-        f"# Drift watch: {report.gate.verdict.value}",
-        "",
-        report.gate.reason,
-        "",
-        f"Live window {window} ({report.rows} impressions) against the champion's training "
-        f"window {reference}. Method: {report.gate.method}.",
-    ]
-    if report.score is not None and report.score.z:
-        z = report.score.z
-        lines += [
-            "",
-            f"Distance-decay score, batch z ({len(z)} batches, max {max(z):.2f} σ): "
-            f"`{sparkline(z[:200])}`",
-        ]
-    if report.features:
-        lines += [
-            "",
-            "| feature | method | statistic | limit | p | drifted | severity |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for f in report.features:
-            bar = "█" * min(20, round(f.severity * 5))
-            p = f"{f.p_value:.2g}" if f.p_value is not None else ""
-            lines.append(
-                f"| {f.feature} | {f.method} | {f.statistic:.4g} | {f.limit:.4g} | {p} | "
-                f"{'**yes**' if f.drifted else 'no'} | `{bar}` {f.severity:.2f} |"
-            )
-    return "\n".join(lines)
 
 
 @task(name="read-drift-reference", cache_policy=NO_CACHE)
@@ -159,8 +106,8 @@ def assess_live_drift(
     record(
         settings,
         champion,
-        "drift",
-        report.gate.verdict.value,
+        EventKind.drift,
+        report.gate.verdict,
         report.gate.reason,
         measurements=report.gate.measurements,
         drifted=report.drifted_features,
@@ -175,7 +122,7 @@ def assess_live_drift(
 
 
 _LAST_ALERT_SQL = """
-SELECT max(ts) FROM release_events WHERE kind = 'drift_alert' AND verdict = 'emitted'
+SELECT max(ts) FROM release_events WHERE kind = {kind:String} AND verdict = {verdict:String}
 """
 
 
@@ -185,7 +132,10 @@ def announce_drift(
 ) -> DriftAlert:
     """Emit relay.drift.detected naming the drifted features, unless within the cool-down."""
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    rows = client.query(_LAST_ALERT_SQL).result_rows
+    rows = client.query(
+        _LAST_ALERT_SQL,
+        parameters={"kind": EventKind.drift_alert.value, "verdict": ActionVerdict.emitted.value},
+    ).result_rows
     last = rows[0][0] if rows and rows[0][0] and rows[0][0].year > 1970 else None
     if last is not None and last.tzinfo is None:
         last = last.replace(tzinfo=UTC)
@@ -204,8 +154,8 @@ def announce_drift(
     record(
         settings,
         champion,
-        "drift_alert",
-        "emitted" if decision.emit else "suppressed",
+        EventKind.drift_alert,
+        ActionVerdict.emitted if decision.emit else ActionVerdict.suppressed,
         decision.reason,
         drifted=report.drifted_features,
     )

@@ -9,8 +9,8 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.training.model import CtrModel, TrainedModel
 from relay.features import N_FEATURES
-from tasks.training import CtrModel, TrainedModel
 
 INPUT_NAME = "features"
 OUTPUT_NAME = "ctr"

@@ -39,7 +39,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun, State, StateType
 
 import logstore
-from logstore.release_events import last_release_of
+from logstore.release_events import ActionVerdict, EventKind, last_release_of
 from relay.settings import Settings, get_settings
 from relay.types import CanaryRemoval, GateResult, Release, Verdict
 from serving.fleet import FleetClient, WorkerResult
@@ -197,7 +197,7 @@ def reconcile_fleet(
     plan = plan_reconciliation(views, champion, live_releases)
     failed = [r.reason for r in plan.repairs if not _repair(settings, guard, plan, r, champion)]
     for problem in plan.problems:
-        record(settings, guard, "reconcile", Verdict.error.value, problem)
+        record(settings, guard, EventKind.reconcile, Verdict.error, problem)
     gate = reconciliation_verdict(plan, failed)
     create_markdown_artifact(
         key="fleet-reconciliation",
@@ -251,8 +251,8 @@ def _repair(
     record(
         settings,
         guard,
-        "reconcile",
-        "repaired" if result.ok else "error",
+        EventKind.reconcile,
+        ActionVerdict.repaired if result.ok else ActionVerdict.error,
         said + ("" if result.ok else f" (failed: {result.reason})"),
         action=repair.action.value,
         **fleet_details(result),
@@ -262,7 +262,9 @@ def _repair(
 
 def _owner_of(settings: Settings, canary: str) -> Release | None:
     """The release that deployed `canary` to the fleet, from its own `deploy` event."""
-    found = last_release_of(logstore.connect(settings.resolved_clickhouse_dsn), canary, "deploy")
+    found = last_release_of(
+        logstore.connect(settings.resolved_clickhouse_dsn), canary, EventKind.deploy
+    )
     return (
         None if found is None else Release(found.release_id, found.model_version, found.lineage_id)
     )

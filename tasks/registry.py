@@ -10,14 +10,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from core.lineage.hashing import LineageRecord
+from core.training.model import TrainedModel
 from model_store import ModelStore, open_store
 from relay.settings import Settings
 from relay.types import LINEAGE_PARTS, EngineRecord, VersionManifest
 from tasks.aliases import move_alias
 from tasks.compilation import CompileOutcome
-from tasks.lineage import LineageRecord
 from tasks.tracking import mlflow_client
-from tasks.training import TrainedModel
 
 CANDIDATE = "candidate"
 

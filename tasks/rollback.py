@@ -14,14 +14,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 import logstore
-from logstore.release_events import events_of_release
+from logstore.release_events import ActionVerdict, EventKind, events_of_release
 from model_store import open_store
+from model_store.calibration import load_report
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings
 from relay.types import CanaryRemoval, GateResult, Release
 from serving.fleet import FleetClient, FleetResult
 from tasks.aliases import move_alias
-from tasks.calibration import load_report
 from tasks.canary import CHAMPION, fleet_details, record
 from tasks.canary_removal import take_canary_out
 
@@ -33,10 +33,17 @@ def record_rollback(settings: Settings, release: Release, gate: GateResult) -> f
     Returns the rollback latency (verdict -> weight 0 on every worker) the hook recorded.
     """
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    rollbacks = [e for e in events_of_release(client, release.release_id) if e.kind == "rollback"]
+    rollbacks = [
+        e for e in events_of_release(client, release.release_id) if e.kind == EventKind.rollback
+    ]
     rollback_ms = rollbacks[-1].details.get("rollback_ms") if rollbacks else None
     record(
-        settings, release, "rolled_back", gate.verdict.value, gate.reason, rollback_ms=rollback_ms
+        settings,
+        release,
+        EventKind.rolled_back,
+        gate.verdict,
+        gate.reason,
+        rollback_ms=rollback_ms,
     )
     emit_event(
         event="relay.model.rolled_back",
@@ -104,8 +111,8 @@ def roll_back_champion(
     record(
         settings,
         release,
-        "rollback",
-        "done" if result.ok else "error",
+        EventKind.rollback,
+        ActionVerdict.done if result.ok else ActionVerdict.error,
         reason,
         actor=actor,
         rollback_ms=elapsed_ms,

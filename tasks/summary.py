@@ -8,13 +8,13 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 import logstore
-from logstore.release_events import ReleaseEvent, events_of_release, record_event
+from core.lineage.hashing import LineageRecord
+from core.training.model import TrainedModel
+from logstore.release_events import EventKind, ReleaseEvent, events_of_release, record_event
 from relay.settings import Settings
 from relay.types import Release, ReleaseOutcome
 from tasks.compilation import CompileOutcome
-from tasks.lineage import LineageRecord
 from tasks.registry import Registration
-from tasks.training import TrainedModel
 
 
 class ReleaseSummary(BaseModel):
@@ -109,7 +109,7 @@ def finish_release(
             release.release_id,
             release.version,
             release.lineage_id,
-            "outcome",
+            EventKind.outcome,
             outcome.value,
             reason,
         ),

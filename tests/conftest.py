@@ -7,6 +7,7 @@ their own store directories.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
 
 # Before anything imports Prefect: no telemetry (there is no internet) and a private Prefect home,
 # so test servers never share ~/.prefect's database with a developer's own server.
@@ -25,6 +28,41 @@ for _name in [n for n in os.environ if n.startswith("RELAY_")]:
     del os.environ[_name]  # `make` exports the local stack's settings; tests make their own
 
 from relay.settings import Settings, get_settings  # noqa: E402
+
+# Unit tests run in a random order (pytest-randomly: the seed is in the report header, and
+# `--randomly-seed=N` replays one; `-p no:randomly` turns it off). The flow and
+# integration tiers keep the order they are written in: they share session-scoped servers and
+# one chdb path, and some scenarios build on the fleet state the one before them left.
+SHUFFLED_TIERS = ("unit",)
+_COLLECTED = pytest.StashKey[int]()
+
+
+_collection_order = itertools.count()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    item.stash[_COLLECTED] = next(_collection_order)
+
+
+def _tier(item: pytest.Item) -> str:
+    parts = Path(str(item.path)).relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tiers in their written order; inside `unit` keep pytest-randomly's shuffle, elsewhere not."""
+    first_of: dict[str, int] = {}
+    for item in sorted(items, key=lambda i: i.stash.get(_COLLECTED, 0)):
+        first_of.setdefault(_tier(item), item.stash.get(_COLLECTED, 0))
+    shuffled = {id(item): n for n, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        tier = _tier(item)
+        within = shuffled[id(item)] if tier in SHUFFLED_TIERS else item.stash.get(_COLLECTED, 0)
+        return first_of[tier], within
+
+    items.sort(key=key)
 
 
 @pytest.fixture(scope="session")
@@ -67,11 +105,11 @@ class PublishedVersion:
 @pytest.fixture(scope="session")
 def published_version(tmp_path_factory: pytest.TempPathFactory) -> PublishedVersion:
     """Train on 30k simulated events (no ClickHouse, no Prefect) and publish to a local store."""
+    from core.training.model import TrainConfig
     from model_store import ModelStore
     from model_store.local import LocalBackend
     from relay_testing.versions import train_and_publish
     from simulation.shop import ShopConfig, generate_events
-    from tasks.training import TrainConfig
 
     root = tmp_path_factory.mktemp("published")
     frame = generate_events(ShopConfig(seed=11), 30_000, datetime(2026, 11, 1, tzinfo=UTC))

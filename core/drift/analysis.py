@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 from scipy import stats
 from scipy.spatial.distance import jensenshannon
 
@@ -62,17 +64,20 @@ NULL_VECTORS = 20_000  # 800 null batches: plenty for a mean and a standard devi
 class DriftRules:
     """When a window counts as drifted. The one home of drift-watch's defaults."""
 
-    min_rows: int = 200
-    history: int = 100  # the seed's "last 100"
-    batch: int = 25  # vectors per score sample; four batches fill the history
-    sigma: float = 2.5
-    rising: int = 3  # consecutive batches at or above sigma
-    large_sample: int = 1_000  # from here on: distances, not tests
-    alpha: float = 0.01  # family-wise, Bonferroni-split over the features tested
-    wasserstein_limit: float = 0.1  # in reference standard deviations
-    jensen_shannon_limit: float = 0.1
+    min_rows: Annotated[int, Field(ge=1)] = 200
+    history: Annotated[int, Field(ge=1)] = 100  # the seed's "last 100"
+    # vectors per score sample; four batches fill the history
+    batch: Annotated[int, Field(ge=1)] = 25
+    sigma: Annotated[float, Field(gt=0)] = 2.5
+    rising: Annotated[int, Field(ge=1)] = 3  # consecutive batches at or above sigma
+    large_sample: Annotated[int, Field(ge=1)] = 1_000  # from here on: distances, not tests
+    # family-wise, Bonferroni-split over the features tested
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.01
+    wasserstein_limit: Annotated[float, Field(gt=0)] = 0.1  # in reference standard deviations
+    jensen_shannon_limit: Annotated[float, Field(gt=0, le=1)] = 0.1
     seed: int = 0
-    cooldown_hours: float = 6.0  # after one alert, no other for this long: no release storm
+    # after one alert, no other for this long (no release storm); drift-watch reads it
+    cooldown_hours: Annotated[float, Field(ge=0)] = 6.0
 
 
 @dataclass(frozen=True)

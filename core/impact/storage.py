@@ -7,8 +7,7 @@ from pathlib import Path
 from core.impact.types import ImpactReport, StoredImpactReport
 from model_store import ModelStore
 from model_store.attachments import attachment_key
-
-REPORT_KIND = "impact-report"
+from model_store.impact_records import REPORT_KIND
 
 
 def store_report_files(

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel, Field
 
 from logstore.impact import JoinCoverage
-from relay.types import BlobRef, Stored
+
+# The stored record and the two types in it live beside the store (model_store.impact_records);
+# re-exported here so the analyses, renderings and shells import their types from one place.
+from model_store.impact_records import ImpactFinding as ImpactFinding
+from model_store.impact_records import ImpactWindow as ImpactWindow
+from model_store.impact_records import StoredImpactReport as StoredImpactReport
+from relay.types import Stored
 
 # The per-session columns the analyses read (logstore.impact.SESSION_OUTCOME_COLUMNS).
 TREATMENT = "latency_mean_ms"
@@ -27,31 +32,6 @@ MEDIATOR = "session_length_s"
 COVARIATES = ("device_type", "user_age")
 CANARY = "canary"
 STABLE = "stable"
-
-
-class ImpactFinding(StrEnum):
-    """What the report concludes, strongest claim last."""
-
-    no_data = "no_data"
-    insufficient_data = "insufficient_data"
-    refuted = "refuted"
-    estimators_disagree = "estimators_disagree"
-    no_detectable_effect = "no_detectable_effect"
-    effect_detected = "effect_detected"
-
-
-class ImpactWindow(BaseModel, frozen=True):
-    """Sessions that start in [start, end), UTC."""
-
-    start: datetime
-    end: datetime
-
-    @property
-    def days(self) -> float:
-        return (self.end - self.start).total_seconds() / 86_400
-
-    def __str__(self) -> str:
-        return f"[{self.start.isoformat()}, {self.end.isoformat()})"
 
 
 class ImpactOptions(BaseModel, frozen=True):
@@ -211,19 +191,3 @@ class ImpactData:
     latency_profile: pd.DataFrame
     latency_histogram: pd.DataFrame
     histogram_bin_ms: float
-
-
-class StoredImpactReport(Stored):
-    """Where a report's files went: blobs in the model store and the record that lists them."""
-
-    report_id: str
-    created_at: datetime
-    attached_to: str | None
-    record_key: str
-    window: ImpactWindow
-    versions: list[str]
-    finding: ImpactFinding
-    headline: str
-    blobs: dict[str, BlobRef]
-    html_url: str
-    json_url: str

@@ -59,13 +59,15 @@ async def _rollback(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
 async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     if "ms" not in body:
         raise RequestRejected(
-            "missing_field", "body needs 'slot' and 'ms' (and optionally 'factor', 'stage')"
+            "missing_field",
+            "body needs 'slot' and 'ms' (and optionally 'factor', 'stage', 'mode')",
         )
     return await worker.set_latency(
         check_slot(body.get("slot")),
         body["ms"],
         body.get("factor", 1.0),
         body.get("stage", "compute"),
+        body.get("mode", "hold"),
     )
 
 

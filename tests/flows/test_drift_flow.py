@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import logstore
+from core.data.validation import window_ending
+from core.training.model import TrainConfig
 from logstore.events import insert_events
 from model_store import open_store
 from relay.settings import get_settings
@@ -17,8 +19,6 @@ from relay.types import Verdict
 from relay_testing.versions import train_and_publish
 from simulation.drift import Drift, apply_drift
 from simulation.shop import ShopConfig, generate_events
-from tasks.data import window_ending
-from tasks.training import TrainConfig
 from tests.integration.test_guard_quality import serve_labelled
 
 pytestmark = pytest.mark.slow

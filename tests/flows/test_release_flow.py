@@ -18,7 +18,12 @@ from simulation.seed import seed_events
 from simulation.shop import ShopConfig, generate_events
 
 GOOD_END = datetime(2026, 6, 1, tzinfo=UTC)
-SMALL = {"window_days": 7.0, "epochs": 2, "min_rows": 5_000, "deploy": False}
+SMALL = {
+    "window_days": 7.0,
+    "training": {"epochs": 2},
+    "data": {"min_rows": 5_000},
+    "deploy": False,
+}
 
 
 def artifacts_of(flow_run_id) -> dict[str, object]:

@@ -13,16 +13,16 @@ import torch
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
+from core.training.model import TrainConfig
 from flows.tensorrt import compile_tensorrt_plan
 from model_store import open_store
 from model_store.attachments import attachment_key
+from model_store.calibration import CALIBRATION_SET_KIND, CALIBRATION_SET_NAME, fix_calibration_set
 from model_store.plans import list_plan_records
 from relay.errors import VersionNotFound
 from relay.gpu import NO_CUDA
 from relay_testing.versions import train_and_publish
 from simulation.shop import ShopConfig, generate_events
-from tasks.calibration import CALIBRATION_SET_KIND, CALIBRATION_SET_NAME, fix_calibration_set
-from tasks.training import TrainConfig
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")
 

@@ -1,14 +1,14 @@
 """Small-data release parameters shared by the scenario and deployment tests."""
 
 from datetime import UTC, datetime
+from typing import Any
 
 END = datetime(2026, 7, 1, tzinfo=UTC)
 
-SMALL_RELEASE = {
+SMALL_RELEASE: dict[str, Any] = {
     "window_days": 7.0,
-    "epochs": 3,
-    "batch_size": 512,
-    "min_rows": 5_000,
+    "training": {"epochs": 3, "batch_size": 512},
+    "data": {"min_rows": 5_000},
     "canary_steps": [50],
     # The canary gate runs its default rules (confidence, tolerances, min_requests); only the
     # amount of test traffic is small. The tests' shop process calls the fleet at SHOP_RPS: in
@@ -17,7 +17,7 @@ SMALL_RELEASE = {
     # in ~5. The plan, from latency the fleet served while the previous release trained on the
     # same two cores, says up to ~8: 12 looks a step keep it from pausing for a person.
     "analysis_window_s": 8.0,
-    "max_windows_per_step": 12,
+    "gate": {"max_windows": 12},
     "approval_timeout_s": 120,
     "impact_report_after": False,
     "tensorrt_wait_s": 0,
@@ -25,3 +25,20 @@ SMALL_RELEASE = {
 
 # The rate the tests' shop process calls the fleet at (relay_testing.shop).
 SHOP_RPS = 60.0
+
+
+def merged(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Flow parameters with later layers winning, nested rules merged field by field."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for name, value in layer.items():
+            if isinstance(value, dict) and isinstance(out.get(name), dict):
+                out[name] = merged(out[name], value)
+            else:
+                out[name] = value
+    return out
+
+
+def seeded(seed: int) -> dict[str, Any]:
+    """The training seed of a release, as the flow's `training` parameter takes it."""
+    return {"training": {"seed": seed}}

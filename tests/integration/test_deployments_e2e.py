@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from relay_testing.deployed_stack import REPO, DeployedStack, finish, outcome_of
-from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE
+from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE, merged, seeded
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def versions() -> dict[str, str]:
 
 
 def release(stack: DeployedStack, seed: int, **overrides: Any) -> tuple[dict, dict]:
-    run_id = stack.run_deployment(RELEASE, {**SMALL, "seed": seed, **overrides})
+    run_id = stack.run_deployment(RELEASE, merged(SMALL, seeded(seed), overrides))
     run = stack.wait_for_run(run_id, timeout_s=300)
     assert run["state_type"] == "COMPLETED", (
         f"{run['state']['message']}\n{stack.worker_log()[-6000:]}"
@@ -119,11 +119,11 @@ def test_zero_slo_is_rejected_by_the_api_the_ui_calls_with_its_message(stack):
     before = len(stack.flow_runs_of(RELEASE))
     response = httpx.post(
         f"{stack.api_url}/deployments/{deployment['id']}/create_flow_run",
-        json={"parameters": {"slo_p95_ms": 0}},
+        json={"parameters": {"gate": {"max_p95_ms": 0}}},
         timeout=30,
     )
     assert response.status_code == 409
-    assert "Validation failed for field 'slo_p95_ms'" in response.json()["detail"]
+    assert "Validation failed for field 'gate.max_p95_ms'" in response.json()["detail"]
     assert "0 is less than or equal to the minimum of 0" in response.json()["detail"]
     assert len(stack.flow_runs_of(RELEASE)) == before
 
@@ -132,10 +132,10 @@ def test_bad_canary_rules_are_rejected_by_the_api_before_any_flow_run(stack):
     deployment = stack.api("GET", f"/deployments/name/{RELEASE}")
     before = len(stack.flow_runs_of(RELEASE))
     for parameters, field in (
-        ({"confidence": 1.0}, "confidence"),
-        ({"confidence": 0.4}, "confidence"),
-        ({"tolerance_pct": -5}, "tolerance_pct"),
-        ({"max_windows_per_step": 0}, "max_windows_per_step"),
+        ({"gate": {"confidence": 1.0}}, "gate.confidence"),
+        ({"gate": {"confidence": 0.4}}, "gate.confidence"),
+        ({"gate": {"tolerance_pct": -5}}, "gate.tolerance_pct"),
+        ({"gate": {"max_windows": 0}}, "gate.max_windows"),
         ({"canary_steps": [60]}, "canary_steps[0]"),  # the baseline needs as many users again
     ):
         response = httpx.post(
@@ -150,7 +150,7 @@ def test_bad_canary_rules_are_rejected_by_the_api_before_any_flow_run(stack):
 
 def test_first_release_from_the_deployment_becomes_champion(stack, versions):
     run, artifacts = release(stack, seed=1)
-    assert run["work_pool_name"] == "cpu" and run["parameters"]["epochs"] == 3
+    assert run["work_pool_name"] == "cpu" and run["parameters"]["training"]["epochs"] == 3
     assert set(artifacts) >= RELEASE_ARTIFACTS
     assert outcome_of(artifacts) == "Release promoted"
     champion = stack.store().get_alias("champion")
@@ -270,7 +270,7 @@ def test_a_release_whose_host_is_lost_mid_canary_is_crashed_and_its_canary_taken
     champion = stack.store().get_alias("champion")
     run_id = stack.run_deployment(
         RELEASE,
-        {**SMALL, "seed": 3, "analysis_window_s": 30.0, "max_windows_per_step": 10},
+        merged(SMALL, seeded(3), {"analysis_window_s": 30.0, "gate": {"max_windows": 10}}),
     )
     stack.wait_for(lambda: stack.canary_weights() == {50}, 300, "the canary at 50 %")
     killed_at = time.monotonic()
@@ -299,6 +299,6 @@ def test_a_release_whose_host_is_lost_mid_canary_is_crashed_and_its_canary_taken
     assert slot["active_slots"] == 0
 
     next_run = stack.wait_for_run(
-        stack.run_deployment(RELEASE, {**SMALL, "seed": 4, "deploy": False}), timeout_s=300
+        stack.run_deployment(RELEASE, merged(SMALL, seeded(4), {"deploy": False})), timeout_s=300
     )
     assert next_run["state_type"] == "COMPLETED", next_run["state"]["message"]

@@ -11,14 +11,15 @@ import pandas as pd
 import pytest
 
 import logstore
+from core.guard.rules import missing_quality_evidence
+from core.training.model import TrainConfig
 from logstore.log_tables import FEEDBACK_COLUMNS, IMPRESSION_COLUMNS
 from model_store import open_store
 from relay.features import FEATURE_NAMES, LABEL
 from relay.types import Release, Verdict
 from relay_testing.versions import train_and_publish
 from simulation.shop import ShopConfig, generate_events
-from tasks.guard import GuardLimits, assess_champion_quality, missing_quality_evidence
-from tasks.training import TrainConfig
+from tasks.guard import GuardLimits, assess_champion_quality
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,10 @@ from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
 
 import logstore
+from core.data.validation import window_ending
 from core.impact.storage import list_impact_reports
+from core.lineage.hashing import compute_lineage_record
+from core.training.model import TrainConfig, predict, train_model
 from flows.guard import release_guard
 from flows.release import retrain_and_release
 from flows.rollback import rollback
@@ -38,7 +41,9 @@ from model_store import open_store
 from relay.errors import ParityFailed
 from relay.settings import get_settings
 from relay.types import Release, Verdict
+from relay_testing.metrics import buffered_log_rows, requests_answered
 from relay_testing.shop import Shop
+from relay_testing.waiting import poll_until, wait_until
 from serving.fleet import FleetClient
 from serving.process import WorkerProcess, start_worker
 from simulation.seed import seed_events
@@ -51,12 +56,9 @@ from tasks.calibration import (
 )
 from tasks.canary import check_blessing
 from tasks.compilation import CompileOutcome, compile_engines, optimise_fp32
-from tasks.data import window_ending
 from tasks.export import export_model
-from tasks.lineage import compute_lineage_record
 from tasks.registry import build_manifest
-from tasks.training import TrainConfig, predict, train_model
-from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE
+from tests.integration.release_params import END, SHOP_RPS, SMALL_RELEASE, merged, seeded
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +167,7 @@ def shop(shop_process):
 
 
 def run_release(seed: int, **overrides):
-    state = retrain_and_release(**{**RUN, **overrides}, seed=seed, return_state=True)
+    state = retrain_and_release(**merged(RUN, seeded(seed), overrides), return_state=True)
     assert state.is_completed(), state.message
     return state.result()
 
@@ -202,7 +204,7 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet, shop):
         seed=2,
         canary_steps=[25, 50],  # two steps
         impact_report_after=True,
-        impact_min_sessions=10,
+        impact={"min_sessions": 10},
     )
     assert summary.outcome == "promoted", summary.reason
     store = open_store(get_settings())
@@ -292,6 +294,14 @@ def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_throug
     assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
 
 
+def served_by(worker: WorkerProcess, slot: str) -> float:
+    """Requests the worker has answered from `slot`, 0 once it cannot be reached."""
+    try:
+        return requests_answered(worker.http_url, slot=slot)
+    except httpx.HTTPError:
+        return 0.0
+
+
 def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet, shop):
     victim = fleet.workers[1]
 
@@ -305,7 +315,8 @@ def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet,
                     timeout=2,
                 ).json()
                 if state["slots"].get("canary") and state.get("canary_weight", 0) > 0:
-                    time.sleep(1.0)
+                    # mid-canary: once the canary has answered some of the shop's requests here
+                    poll_until(lambda: served_by(victim, "canary") >= 20, 60, interval_s=0.2)
                     os.kill(victim.process.pid, signal.SIGKILL)
                     return
             except httpx.HTTPError:
@@ -362,7 +373,7 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet, shop)
 
     resumer = threading.Thread(target=resume_when_paused, daemon=True)
     resumer.start()
-    summary = run_release(seed=5, analysis_window_s=1.0, max_windows_per_step=1)
+    summary = run_release(seed=5, analysis_window_s=1.0, gate={"max_windows": 1})
     resumer.join(timeout=5)
     assert not answers, "the run did not pause twice"
     assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
@@ -387,7 +398,7 @@ def test_a_pause_nobody_answers_takes_its_default_and_the_run_still_completes(fl
     summary = run_release(
         seed=6,
         analysis_window_s=1.0,
-        max_windows_per_step=1,
+        gate={"max_windows": 1},
         approval_timeout_s=2,
     )
     assert time.monotonic() - started < 120
@@ -449,8 +460,11 @@ def test_release_guard_rolls_back_a_champion_whose_live_slo_breaks(fleet):
             drive(urls, LiveTraffic(rate_rps=30.0, duration_s=5.0, seed=6))
         finally:
             client.set_injected_latency("stable", 0.0)
-    time.sleep(0.5)
-    state = release_guard(window_minutes=0.5, min_requests=40, return_state=True)
+    # the guard reads what the workers logged: every row out of their memory first
+    wait_until(
+        lambda: all(buffered_log_rows(w.http_url) == 0 for w in fleet.workers), 30, "rows flushed"
+    )
+    state = release_guard(window_minutes=0.5, limits={"min_requests": 40}, return_state=True)
     assert state.is_completed(), state.message
     decision = state.result()
     assert decision.verdict is Verdict.failed and "live P95" in decision.reason

@@ -20,6 +20,7 @@ import pytest
 from onnx import numpy_helper
 
 from relay.types import EngineRecord, VersionManifest
+from relay_testing.waiting import poll_until, wait_until
 from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
 from serving.fleet import FleetClient
 from serving.process import WorkerProcess, start_worker
@@ -197,11 +198,16 @@ def test_switches_under_live_traffic_never_show_a_mixed_or_half_loaded_model(set
             lambda: fleet.deploy_canary(versions.base.version, weight=50),
             fleet.rollback,
         ]
+
+        def more_answers(n: int = 60) -> None:  # every step happens under traffic
+            before = len(answers)
+            wait_until(lambda: len(answers) >= before + n, 30, f"{n} more answers")
+
         for step in steps:
-            time.sleep(0.3)
+            more_answers()
             result = step()
             assert result.ok, result.reason
-        time.sleep(0.3)
+        more_answers()
     finally:
         stop.set()
         for t in threads:
@@ -292,12 +298,17 @@ def test_an_unrenewed_canary_leaves_both_workers_within_its_lease_while_stable_s
             assert {w.state["canary_weight"] for w in fleet.state().workers} == {40}
         last_renewal = time.monotonic()  # the release "dies" here: nothing renews any more
         assert len(renewals) >= 5 and all(r.ok for r in renewals)
-        while len(dropped) < len(workers) and time.monotonic() < last_renewal + 10:
+
+        def all_dropped() -> bool:
             for w in fleet.state().workers:
                 if w.state["canary_weight"] == 0:
                     dropped.setdefault(w.url, time.monotonic())
-            time.sleep(0.02)
-        time.sleep(0.5)  # stable alone, under the same traffic
+            return len(dropped) == len(workers)
+
+        poll_until(all_dropped, 10, interval_s=0.02)
+        if len(dropped) == len(workers):  # stable alone, under the same traffic
+            settled = max(dropped.values()) + 0.2
+            wait_until(lambda: sum(at > settled for at, _, _ in answers) >= 60, 30, "answers after")
     finally:
         stop.set()
         for t in threads:

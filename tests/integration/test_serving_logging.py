@@ -21,6 +21,7 @@ import logstore
 from logstore.reading import LOG_TABLES
 from logstore.spool import ingest_spool
 from relay.errors import ServingError
+from relay_testing.waiting import wait_until
 from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
 from serving.process import WorkerProcess, start_worker
 from tests.integration.test_serving_worker import logged
@@ -103,7 +104,8 @@ def test_a_restart_during_traffic_loses_no_log_row(
 
     sender = threading.Thread(target=keep_sending)
     sender.start()
-    time.sleep(0.5)
+    # stop while the sender's requests are in flight: once some of them have been answered
+    wait_until(lambda: sum("-late-" in rid for rid in answered) >= 20, 30, "late requests answered")
     assert first.stop() == 0
     sender.join()
 
@@ -177,8 +179,13 @@ def test_a_worker_killed_under_load_has_a_row_for_every_answered_request(
         sender = threading.Thread(
             target=load, args=(worker, f"killed-{kill}-{time.time_ns()}", answered, stop)
         )
+        before = len(answered)
         sender.start()
-        time.sleep(rng.uniform(0.8, 1.6))  # somewhere inside a 500 ms flush interval
+        wait_until(
+            lambda before=before: len(answered) >= before + 120, 30, "answers before the kill"
+        )
+        # not a wait: a random phase of the 500 ms flush interval, so the kills land anywhere in it
+        time.sleep(rng.uniform(0.0, 0.5))
         os.kill(worker.process.pid, signal.SIGKILL)
         sender.join(timeout=30)
         stop.set()
@@ -230,10 +237,8 @@ def test_a_spool_folder_that_cannot_be_written_takes_the_worker_out_and_keeps_it
                 sent.append(doc["request_id"])
             spool.unlink()
             aside.rename(spool)
-            deadline = time.monotonic() + 10
-            while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert http.get("/readyz").status_code == 200  # writable again: back in rotation
+            # writable again: back in rotation
+            wait_until(lambda: http.get("/readyz").status_code == 200, 10, "worker ready again")
     finally:
         worker.stop()
     rows = logged(settings, spool, sent, timeout_s=10)
@@ -268,10 +273,9 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
         answers = client.predict_many(requests(200, tag), window=32)
     assert all(isinstance(a, BinaryResult) for a in answers)
     with httpx.Client(base_url=stranded.http_url, timeout=10) as http:
-        deadline = time.monotonic() + 10
-        while http.get("/readyz").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        not_ready = http.get("/readyz")
+        not_ready = wait_until(
+            lambda: (r := http.get("/readyz")).status_code != 200 and r, 10, "worker not ready"
+        )
         assert not_ready.status_code == 503 and "spool" in not_ready.json()["reason"]
         metrics = http.get("/metrics").text
         assert "relay_spool_over_cap 1.0" in metrics
@@ -283,12 +287,13 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
         assert len(rows) == 200 and all(len(r) == 1 for r in rows.values())
         # Whoever owns the log store keeps ingesting; the worker sees the spool shrink.
         clickhouse = logstore.connect(settings.resolved_clickhouse_dsn)
-        deadline = time.monotonic() + 10
-        while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+
+        def ingested_and_ready() -> bool:
             for table in LOG_TABLES:  # request rows, and the impressions their answers wrote
                 ingest_spool(clickhouse, table.spool_dir(tmp_path / "spool"), table)
-            time.sleep(0.2)
-        assert http.get("/readyz").status_code == 200  # back under the cap
+            return http.get("/readyz").status_code == 200
+
+        wait_until(ingested_and_ready, 10, "worker back under the spool cap", interval_s=0.2)
     log = stranded.log_text()
     assert "ClickHouse unreachable, spooling request logs" in log
     assert "over its cap" in log

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from logstore.spool import ingest_spool
+from relay_testing.waiting import poll_until
 from serving.client import BinaryClient, BinaryRequest, BinaryResult, items_matrix
 from serving.process import WorkerProcess, start_worker
 from tests.unit.test_serving_schema import make_doc
@@ -116,25 +116,26 @@ def rows_of(settings: Any, spool: Path, request_ids: list[str]) -> dict[str, dic
     import logstore
 
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    deadline = time.monotonic() + 15
-    while True:
+    rows: dict[str, dict[str, Any]] = {}
+
+    def every_row_in() -> bool:  # the caller asserts on what arrived, all or not
         ingest_spool(client, spool)
         result = client.query(
             "SELECT request_id, trace_id, rows, status FROM inference_logs "
             "WHERE request_id IN {ids:Array(String)}",
             parameters={"ids": request_ids},
         )
-        rows = {r["request_id"]: r for r in result.named_results()}
-        if set(rows) >= set(request_ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
+        rows.clear()
+        rows.update({r["request_id"]: r for r in result.named_results()})
+        return set(rows) >= set(request_ids)
+
+    poll_until(every_row_in, 15, interval_s=0.2)
+    return rows
 
 
 def wait_for(check: Any, timeout_s: float = 15) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return found
+    """What `check` found once it found something, or its last answer after `timeout_s`."""
+    return poll_until(check, timeout_s, interval_s=0.1)
 
 
 def test_a_callers_trace_is_in_its_row_and_in_the_exported_spans_on_both_transports(

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from logstore.spool import ingest_spool
+from relay_testing.waiting import poll_until
 from serving.client import BinaryClient, BinaryRejection, BinaryRequest, BinaryResult, items_matrix
 from serving.process import WorkerProcess, start_worker
 from serving.protocol import Kind, encode_frame
@@ -449,8 +450,9 @@ def logged(settings: Any, spool: Path, request_ids: list[str], timeout_s: float 
     import logstore
 
     client = logstore.connect(settings.resolved_clickhouse_dsn)
-    deadline = time.monotonic() + timeout_s
-    while True:
+    rows: dict[str, list[dict]] = {}
+
+    def every_row_in() -> bool:  # the caller asserts on what arrived, all or not
         ingest_spool(client, spool)
         result = client.query(
             "SELECT request_id, slot, model_version, lineage_id, status, error_code, latency_ms, "
@@ -458,12 +460,13 @@ def logged(settings: Any, spool: Path, request_ids: list[str], timeout_s: float 
             "user_id, session_id FROM inference_logs WHERE request_id IN {ids:Array(String)}",
             parameters={"ids": request_ids},
         )
-        rows: dict[str, list[dict]] = {}
+        rows.clear()
         for row in result.named_results():
             rows.setdefault(row["request_id"], []).append(row)
-        if set(rows) >= set(request_ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
+        return set(rows) >= set(request_ids)
+
+    poll_until(every_row_in, timeout_s, interval_s=0.2)
+    return rows
 
 
 def test_every_request_good_or_bad_gets_exactly_one_log_row(

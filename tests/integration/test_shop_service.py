@@ -19,6 +19,8 @@ import pytest
 
 from logstore.feedback import feedback_counts
 from logstore.reading import connect_for_reading
+from relay_testing.metrics import buffered_log_rows, requests_answered
+from relay_testing.waiting import wait_until
 from serving.process import start_worker
 from tests.integration.test_serving_logging import logging_worker_env
 
@@ -61,8 +63,10 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
 
         (tmp_path / "shop").mkdir(exist_ok=True)
         (tmp_path / "shop" / "drift.json").write_text('{"kind": "device_mix", magnitude}')
+        answered = requests_answered(worker.http_url)
         told = shop(worker.http_url, tmp_path, "--rate-rps", "20", "--max-hours", "1")
-        time.sleep(3)
+        # told to stop mid-round: once its first round's feeds are being answered
+        wait_until(lambda: requests_answered(worker.http_url) >= answered + 10, 30, "feeds")
         told.send_signal(signal.SIGTERM)
         stopped_at = time.monotonic()
         out, _ = told.communicate(timeout=30)
@@ -70,7 +74,7 @@ def test_the_shop_runs_its_rounds_stops_by_itself_and_its_feedback_lands(
         assert "is not readable JSON" in out and "this round runs without drift" in out
         assert "stopping after this round" in out
         logged += sessions_logged(out)
-        time.sleep(0.5)
+        wait_until(lambda: buffered_log_rows(worker.http_url) == 0, 30, "log rows flushed")
     end = datetime.now(UTC) + timedelta(seconds=1)
 
     client = connect_for_reading(settings.resolved_clickhouse_dsn, tmp_path / "spool")

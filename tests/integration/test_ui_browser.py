@@ -32,8 +32,10 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Locator, Page, Response, Route, expect, sync_playwright
 
 from relay_testing.deployed_stack import FINAL, REPO, DeployedStack, finish, outcome_of
+from relay_testing.metrics import requests_answered
+from relay_testing.waiting import wait_until
 from tasks.canary import CanaryDecision, PlanDecision
-from tests.integration.release_params import SMALL_RELEASE
+from tests.integration.release_params import SMALL_RELEASE, merged, seeded
 
 pytestmark = pytest.mark.slow
 
@@ -58,14 +60,16 @@ SHOP = {"seed": 51, "n_users": 3_000, "n_items": 1_000}  # data a small model ge
 # in one CI run against the blessing's 0.05, which failed a release here with "not blessed".
 # This test is about the resume forms, not the blessing (tests/unit/test_calibration.py and the
 # release scenarios hold the KL rule at its default), so these releases allow KL 0.1.
-PAUSING_RELEASE = {
-    **SMALL_RELEASE,
-    "max_kl": 0.1,
-    "analysis_window_s": 1.0,
-    "max_windows_per_step": 1,
-    "approval_timeout_s": 600,
-    "actor": "on-call (UI test)",
-}
+PAUSING_RELEASE = merged(
+    SMALL_RELEASE,
+    {
+        "blessing": {"max_kl": 0.1},
+        "analysis_window_s": 1.0,
+        "gate": {"max_windows": 1},
+        "approval_timeout_s": 600,
+        "actor": "on-call (UI test)",
+    },
+)
 PLAN_QUESTION = "Start the canary anyway?"  # how the flow ends each pause's description
 QUESTIONS = (PLAN_QUESTION, "Promote or roll back?")
 
@@ -248,13 +252,19 @@ def answers_received(stack: DeployedStack, flow_run_id: str) -> list[dict[str, A
     return [json.loads(i["value"]) for i in responses]
 
 
+def fleet_answered(stack: DeployedStack) -> float:
+    """Requests the whole fleet has answered so far."""
+    return sum(requests_answered(url) for url in stack.fleet_urls)
+
+
 def a_quiet_hour(stack: DeployedStack) -> None:
     """Some stable traffic for the plan to read: the shop open for a few seconds, then closed.
 
     Real traffic, but far too little for 1-second windows; the canary then gets none.
     """
+    before = fleet_answered(stack)
     stack.start_shop(rate_rps=60, shop=SHOP)
-    time.sleep(8)
+    wait_until(lambda: fleet_answered(stack) >= before + 300, 60, "the quiet hour's feeds")
     log = stack.stop_shop()
     rounds = [tuple(map(int, m)) for m in re.findall(r"round \d+: (\d+) feeds, (\d+) failed", log)]
     answered = sum(feeds - failed for feeds, failed in rounds)
@@ -302,12 +312,9 @@ def test_on_call_starts_the_first_release_as_a_custom_run_from_the_ui_and_it_bec
     assert run["state_type"] == "COMPLETED"
     named = stack.api("POST", "/flow_runs/filter", {"flow_runs": {"name": {"any_": [run_name]}}})
     assert [r["id"] for r in named] == [flow_run_id]  # one submit, one flow run
-    assert {
-        k: run["parameters"].get(k)
-        for k in ("epochs", "batch_size", "impact_report_after", "actor")
-    } == {
-        "epochs": 3,
-        "batch_size": 512,
+    training = run["parameters"].get("training") or {}
+    assert (training.get("epochs"), training.get("batch_size")) == (3, 512)  # nested fields
+    assert {k: run["parameters"].get(k) for k in ("impact_report_after", "actor")} == {
         "impact_report_after": False,
         "actor": "on-call (UI test)",
     }
@@ -328,7 +335,7 @@ def test_on_call_starts_an_unconcludable_canary_and_promotes_it_from_the_resume_
         "canary": Answer("promote", "latency flat on the dashboard: promoting"),
     }
     run_id = stack.run_deployment(
-        RELEASE, {**PAUSING_RELEASE, "seed": 2}, f"ui-promote-{uuid4().hex[:6]}"
+        RELEASE, merged(PAUSING_RELEASE, seeded(2)), f"ui-promote-{uuid4().hex[:6]}"
     )
 
     kinds, run = answer_every_pause(stack, page, run_id, answers, shots="promote")
@@ -369,7 +376,7 @@ def test_on_call_rolls_back_an_unconcludable_canary_from_the_resume_form_with_a_
         "canary": Answer("roll back", comment),
     }
     run_id = stack.run_deployment(
-        RELEASE, {**PAUSING_RELEASE, "seed": 3}, f"ui-roll-back-{uuid4().hex[:6]}"
+        RELEASE, merged(PAUSING_RELEASE, seeded(3)), f"ui-roll-back-{uuid4().hex[:6]}"
     )
 
     kinds, run = answer_every_pause(stack, page, run_id, answers, shots="roll-back")
@@ -440,7 +447,8 @@ def test_on_call_finds_the_release_that_planted_drift_started_on_the_deployment_
     (stack.home / "shop" / "drift.json").write_text('{"kind": "device_mix", "magnitude": 0.5}')
     stack.start_shop(rate_rps=40, shop=SHOP)
     try:  # serving while drift-watch runs: its window is always drifted traffic
-        time.sleep(12)
+        before = fleet_answered(stack)
+        wait_until(lambda: fleet_answered(stack) >= before + 400, 90, "drifted feeds")
         watch = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
     finally:
         stack.stop_shop()

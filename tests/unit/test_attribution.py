@@ -1,6 +1,8 @@
-"""Root-cause attribution on synthetic request populations with a planted cause: the planted cause
-comes first, two equal causes are reported as inseparable, no change is said to be none, and the
-time budget bounds the bootstrap."""
+"""Root-cause attribution on synthetic request populations from a known causal model: each planted
+cause is named (and only it), two causes are both named with intervals that hold their true
+shares, no change claims no cause, every estimate lies inside its own interval, the time budget
+shrinks the rows and never the resamples, and 90 % intervals cover a planted truth about 90 %
+of the time."""
 
 from __future__ import annotations
 
@@ -8,100 +10,114 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from logstore.stage_samples import StageSample
-from tasks.attribution import AttributionConfig, AttributionStatus, attribute_latency
+from core.attribution import AttributionConfig, AttributionStatus, attribute_latency
+from core.attribution.calibration import interval_coverage, synthetic_population
+from core.attribution.graph import CAUSES, NODES, contributions_ms
 
-N = 1_500
-FAST = AttributionConfig(resamples=5, min_resamples=5, budget_s=30.0)
-
-
-def population(
-    seed: int,
-    *,
-    compute_ms: float = 0.0,
-    preprocess_ms: float = 0.0,
-    rows: float = 20,
-    queue_scale: float = 1.0,
-    batch: float = 8,
-) -> StageSample:
-    """Requests like the worker's: stages grow with rows and batch size, latency is their sum."""
-    rng = np.random.default_rng(seed)
-    n_rows = rng.poisson(rows, N) + 1.0
-    size = n_rows * 40 + rng.normal(0, 20, N)
-    batch_size = np.maximum(1.0, rng.poisson(batch, N))
-    queue = rng.gamma(2, 1.0, N) * queue_scale + 0.05 * batch_size
-    pre = 0.2 + 0.01 * n_rows + 0.0002 * size + rng.exponential(0.1, N) + preprocess_ms
-    compute = 0.5 + 0.02 * n_rows + 0.05 * batch_size + rng.exponential(0.2, N) + compute_ms
-    post = rng.exponential(0.05, N)
-    frame = pd.DataFrame(
-        {
-            "rows": n_rows,
-            "input_bytes": size,
-            "batch_size": batch_size,
-            "queue_ms": queue,
-            "preprocess_ms": pre,
-            "compute_ms": compute,
-            "postprocess_ms": post,
-            "latency_ms": queue + pre + compute + post,
-        }
-    )
-    return StageSample(frame, N * 10)
+N = 2_000
 
 
-BEFORE = population(1)
+def draw(seed: int, **planted: float) -> pd.DataFrame:
+    return synthetic_population(np.random.default_rng(seed), N, **planted)
+
+
+BEFORE = draw(1)
 
 
 @pytest.mark.parametrize(
     ("planted", "after"),
     [
-        ("compute_ms", population(2, compute_ms=20)),
-        ("preprocess_ms", population(3, preprocess_ms=20)),
-        ("queue_ms", population(4, queue_scale=10, batch=2)),
-        ("rows", population(5, rows=200)),
+        ("compute_ms", draw(2, compute_ms=2.0)),
+        ("preprocess_ms", draw(3, preprocess_ms=2.0)),
+        ("load_rps", draw(4, load=600.0)),
+        ("input_bytes", draw(5, extra_bytes=20_000.0)),
+        ("rows", draw(6, rows=(80, 120))),
     ],
 )
-def test_the_planted_cause_is_the_top_cause_with_an_interval(
-    planted: str, after: StageSample
+def test_the_planted_cause_is_named_alone_with_an_interval(
+    planted: str, after: pd.DataFrame
 ) -> None:
-    result = attribute_latency(BEFORE, after, FAST)
+    result = attribute_latency(BEFORE, after)
     assert result.status is AttributionStatus.attributed, result.statement
-    assert result.top_cause == planted
+    assert result.top_causes == (planted,), result.statement
     top = result.contributions[0]
-    assert 0.5 < top.share_low <= top.share_high
-    assert result.change_low_ms > 0 and result.resamples >= FAST.min_resamples
-    assert sum(c.ms for c in result.contributions) == pytest.approx(result.change_ms, rel=0.1)
-    assert top.name in result.statement and "bootstrap" in result.statement
+    assert 0.7 < top.share_low <= top.share <= top.share_high < 1.3
+    assert result.change_low_ms > 0 and result.resamples >= 200
+    assert sum(c.ms for c in result.contributions) == pytest.approx(result.change_ms)
+    assert top.name in result.statement and "200 resamples" in result.statement
 
 
-def test_two_equal_causes_are_reported_as_inseparable() -> None:
-    after = population(6, compute_ms=10, preprocess_ms=10)
-    result = attribute_latency(BEFORE, after, FAST)
-    assert result.status is AttributionStatus.cannot_separate
-    assert result.top_cause is None
-    assert {c.cause for c in result.contributions[:2]} == {"compute_ms", "preprocess_ms"}
+def test_slower_inputs_are_named_as_the_inputs_not_the_stage_they_slow() -> None:
+    result = attribute_latency(BEFORE, draw(7, extra_bytes=20_000.0))
+    preprocess = next(c for c in result.contributions if c.cause == "preprocess_ms")
+    assert result.top_causes == ("input_bytes",)
+    assert abs(preprocess.share) < 0.1  # the stage got slower, its mechanism did not change
+
+
+def test_two_simultaneous_causes_are_both_named_each_share_in_its_interval() -> None:
+    # Compute and preprocess both +1 ms, both also queue others 0.8 ms: half each, by symmetry.
+    result = attribute_latency(BEFORE, draw(8, compute_ms=1.0, preprocess_ms=1.0))
+    assert result.status is AttributionStatus.attributed, result.statement
+    assert set(result.top_causes) == {"compute_ms", "preprocess_ms"}
+    for cause in result.top_causes:
+        c = next(c for c in result.contributions if c.cause == cause)
+        assert c.share_low <= 0.5 <= c.share_high, result.statement
+
+
+def test_no_change_claims_no_cause() -> None:
+    result = attribute_latency(BEFORE, draw(9))
+    assert result.status is AttributionStatus.no_change, result.statement
+    assert result.top_causes == () and result.top_cause is None
+    assert result.change_low_ms <= 0 <= result.change_high_ms
+    assert "no latency change" in result.statement
+
+
+def test_a_real_change_the_data_cannot_split_lists_the_candidates() -> None:
+    # 300 rows each, a small shift spread over two stages and drowned in noise: the change is
+    # real, but no cause's share is established at 25 %.
+    rng = np.random.default_rng(10)
+    before = synthetic_population(rng, 300)
+    after = synthetic_population(rng, 300, compute_ms=0.07, preprocess_ms=0.07)
+    result = attribute_latency(before, after, AttributionConfig(min_change_ms=0.1))
+    assert result.status is AttributionStatus.cannot_separate, result.statement
+    assert result.top_causes == () and len(result.candidates) >= 2
     assert "cannot separate" in result.statement
+    for cause in result.candidates:
+        assert CAUSES[cause] in result.statement
 
 
-def test_no_change_is_said_to_be_none() -> None:
-    result = attribute_latency(BEFORE, population(7), FAST)
-    assert result.status is AttributionStatus.no_change and result.top_cause is None
-    assert abs(result.change_ms) < 0.5 and "no latency change" in result.statement
+def test_every_point_estimate_lies_inside_its_own_interval() -> None:
+    for after in (draw(11, compute_ms=2.0), draw(12), draw(13, load=300.0, preprocess_ms=1.0)):
+        result = attribute_latency(BEFORE, after)
+        assert result.change_low_ms <= result.change_ms <= result.change_high_ms
+        for c in result.contributions:
+            assert c.ms_low <= c.ms <= c.ms_high, c
+            assert c.share_low <= c.share <= c.share_high, c
+
+
+def test_a_tight_budget_subsamples_rows_and_keeps_every_resample() -> None:
+    result = attribute_latency(BEFORE, draw(14, compute_ms=2.0), AttributionConfig(budget_s=0.05))
+    assert result.resamples == 200
+    assert result.resample_rows < N and f"of {result.resample_rows:,} rows" in result.statement
+    assert result.top_causes == ("compute_ms",)
 
 
 def test_too_few_rows_attributes_nothing() -> None:
-    few = StageSample(BEFORE.frame.head(50), 50)
-    result = attribute_latency(few, population(8, compute_ms=20), FAST)
+    result = attribute_latency(BEFORE.head(50), draw(15, compute_ms=2.0))
     assert result.status is AttributionStatus.too_few_rows and "50 before" in result.statement
 
 
-def test_the_time_budget_bounds_the_bootstrap_and_says_so() -> None:
-    ticks = iter(range(0, 10_000, 5))  # every clock read: 5 s later
-    result = attribute_latency(
-        BEFORE,
-        population(9, compute_ms=20),
-        AttributionConfig(resamples=30, budget_s=8.0),
-        clock=lambda: float(next(ticks)),
-    )
-    assert result.resamples < 5 and "no interval" in result.statement
-    assert result.top_cause == "compute_ms"  # the point estimate still names it
-    assert result.as_dict()["contributions"][0]["share_interval"] == [None, None]
+def test_the_exact_shapley_split_matches_the_planted_path_effect() -> None:
+    # +2 ms of compute also queues others 0.8 x 2 ms: compute's true share of mean latency is 3.6.
+    after = draw(16, compute_ms=2.0)
+    found = contributions_ms(BEFORE[list(NODES)].to_numpy(), after[list(NODES)].to_numpy())
+    assert found["compute_ms"] == pytest.approx(3.6, abs=0.15)
+    assert abs(found["queue_ms"]) < 0.15  # queueing behind a slower engine is compute's doing
+
+
+@pytest.mark.slow
+def test_ninety_percent_intervals_cover_a_planted_effect_about_ninety_percent_of_the_time() -> None:
+    coverage = interval_coverage(60, rows=300, seed=100)
+    assert coverage.point_inside_interval and coverage.resamples_min >= 200
+    # 60 runs at a true 90 %: 3 binomial standard deviations either side is 0.78-1.0
+    assert 0.78 <= coverage.rate <= 0.99, coverage

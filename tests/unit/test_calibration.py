@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from relay.types import BlobRef, Verdict
-from tasks.calibration import (
+from core.calibration.assessment import (
     CalibrationThresholds,
     assess_calibration,
     expected_calibration_error,
     score_distribution_kl,
 )
+from relay.types import BlobRef, Verdict
 
 SET = BlobRef(sha256="0" * 64, size=1)
 LIMITS = CalibrationThresholds()

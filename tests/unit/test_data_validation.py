@@ -4,8 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.data.validation import (
+    DataLimits,
+    failure_message,
+    validate_frame,
+    window_ending,
+    with_served,
+)
 from simulation.shop import ShopConfig, generate_events
-from tasks.data import DataLimits, failure_message, validate_frame, window_ending, with_served
 
 LIMITS = DataLimits(min_rows=1_000)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from core.data.validation import TrainingWindow, window_ending
+from core.drift.alerts import alert_decision, report_markdown, sparkline
 from core.drift.analysis import DriftRules, Reference, assess_drift, prepare_reference
 from relay.types import Verdict
 from serving.schema import CONTEXT_FIELDS, SESSION_FIELDS, USER_FIELDS
 from simulation.drift import Drift, apply_drift
 from simulation.shop import ShopConfig, generate_events
-from tasks.data import TrainingWindow, window_ending
-from tasks.drift import alert_decision, report_markdown, sparkline
 
 T0 = datetime(2026, 11, 8, tzinfo=UTC)
 RULES = DriftRules()

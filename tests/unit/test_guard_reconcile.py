@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from core.guard.rules import decide
 from relay.types import GateResult, Verdict
-from tasks.guard import decide
 from tasks.reconcile import (
     PlannedRepair,
     Reconciliation,

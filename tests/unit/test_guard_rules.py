@@ -2,10 +2,11 @@
 
 import pytest
 
+from core.guard.rules import assess_live_slo, decide, quality_rule
 from logstore.slo import SlotStats
 from relay.types import GateResult, Verdict
 from tasks.canary import CanaryDecision, decision_verdict
-from tasks.guard import GuardLimits, assess_live_slo, decide, quality_rule
+from tasks.guard import GuardLimits
 from tasks.rollback import previous_version
 
 LIMITS = GuardLimits(min_requests=100)

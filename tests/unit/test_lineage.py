@@ -3,10 +3,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from core.lineage.hashing import environment, hash_frame
+from core.lineage.queries import ATTRIBUTION, diff_lineage
 from model_store.hashing import sha256_file, sha256_files
 from relay.types import LineageId
 from simulation.shop import ShopConfig, generate_events
-from tasks.lineage import ATTRIBUTION, diff_lineage, environment, hash_frame
 
 A = LineageId(model="a" * 64, data="b" * 64, env="c" * 64, build="d" * 64)
 

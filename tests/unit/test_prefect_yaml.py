@@ -50,7 +50,7 @@ def test_drift_alerts_start_a_release_through_a_valid_trigger():
     from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
     from prefect.events.schemas.events import Resource
 
-    from tasks.drift import DRIFT_EVENT, drift_resource
+    from core.drift.alerts import DRIFT_EVENT, drift_resource
 
     (spec,) = DEPLOYMENTS["retrain-and-release"]["triggers"]
     trigger = DeploymentEventTrigger.model_validate(spec)
@@ -63,12 +63,12 @@ def test_drift_alerts_start_a_release_through_a_valid_trigger():
 @pytest.mark.parametrize(
     "bad",
     [
-        {"epochs": -1},
+        {"training": {"epochs": -1}},
         {"window_days": 0},
-        {"min_rows": 0},
+        {"data": {"min_rows": 0}},
         {"canary_steps": [-5]},
         {"canary_steps": [5, 150]},
-        {"slo_p95_ms": 0},
+        {"gate": {"max_p95_ms": 0}},
     ],
     ids=[
         "negative-epochs",

@@ -107,7 +107,10 @@ def test_zero_delay_dispatches_at_once_and_requests_arriving_during_a_run_form_t
     async def scenario() -> None:
         batcher = Batcher(loaded(engine), max_rows=1000, max_delay_s=0.0)
         first = asyncio.ensure_future(submit_all(batcher, blocks_of([1])))
-        await asyncio.sleep(0.01)  # the first batch is running now
+        deadline = time.monotonic() + 10
+        while not engine.batches and time.monotonic() < deadline:  # the first batch is running now
+            await asyncio.sleep(0.001)
+        assert engine.batches == [1]
         rest = asyncio.ensure_future(submit_all(batcher, blocks_of([2, 3, 4])))
         await asyncio.gather(first, rest)
 

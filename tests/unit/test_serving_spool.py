@@ -204,14 +204,18 @@ def test_two_ingesters_on_one_folder_insert_each_row_once(tmp_path: Path, clickh
     # claims for a crashed ingester's leftovers and insert them too
     tag = small_segments(tmp_path, 60, 3)
 
+    inserting = threading.Event()
+
     class SlowInsert(CountingClient):
         def insert_arrow(self, table: str, arrow_table: pa.Table) -> Any:
-            time.sleep(0.5)
+            inserting.set()
+            time.sleep(0.5)  # not a wait: the slow INSERT the second ingester runs beside
             return super().insert_arrow(table, arrow_table)
 
     first = threading.Thread(target=ingest_spool, args=(SlowInsert(clickhouse), tmp_path))
     first.start()
-    time.sleep(0.2)  # the first has claimed every segment and is inserting
+    # the first has claimed every segment and is inserting
+    assert inserting.wait(timeout=30), "the first ingester never reached its INSERT"
     ingest_spool(clickhouse, tmp_path)
     first.join()
     assert count(clickhouse, tag) == 60 and not list(tmp_path.iterdir())

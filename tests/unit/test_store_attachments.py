@@ -13,20 +13,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.calibration.assessment import CalibrationThresholds, assess_calibration
 from model_store import ModelStore
 from model_store.attachments import attachment_key, is_attachment_key
-from model_store.local import LocalBackend
-from relay.errors import StoreError
-from relay.types import BlobRef, LineageId, VersionManifest
-from tasks.calibration import (
+from model_store.calibration import (
     CalibrationReport,
-    CalibrationThresholds,
-    assess_calibration,
     current_calibration_set,
     fix_calibration_set,
     load_report,
     save_report,
 )
+from model_store.local import LocalBackend
+from relay.errors import StoreError
+from relay.types import BlobRef, LineageId, VersionManifest
 from tasks.tensorrt import calibration_ref
 
 

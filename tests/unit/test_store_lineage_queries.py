@@ -6,9 +6,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.lineage.queries import compare_lineage, flatten_sources, headline, lineage_view
+from core.lineage.queries import (
+    ATTRIBUTION,
+    compare_lineage,
+    flatten_sources,
+    headline,
+    lineage_view,
+)
 from relay.types import LINEAGE_PARTS, LineageId, VersionManifest
-from tasks.lineage import ATTRIBUTION
 
 BASE = LineageId(model="a" * 64, data="b" * 64, env="c" * 64, build="d" * 64)
 SOURCES = {

@@ -11,23 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
-from core.impact.storage import REPORT_KIND as IMPACT_KIND
+from core.calibration.assessment import CalibrationThresholds, assess_calibration
 from core.impact.storage import list_impact_reports
-from core.impact.types import ImpactFinding, ImpactWindow, StoredImpactReport
 from model_store import ModelStore
 from model_store.attachments import attachment_key
+from model_store.calibration import CalibrationReport, current_calibration_set, load_report
+from model_store.impact_records import REPORT_KIND as IMPACT_KIND
+from model_store.impact_records import ImpactFinding, ImpactWindow, StoredImpactReport
 from model_store.local import LocalBackend
 from model_store.migrate import migrate_records
 from model_store.plans import PLAN_KIND, PlanRecord, list_plan_records, load_plan_record
 from relay.gpu import GpuTarget
 from relay.types import BlobRef, EngineRecord, LineageId, VersionManifest
-from tasks.calibration import (
-    CalibrationReport,
-    CalibrationThresholds,
-    assess_calibration,
-    current_calibration_set,
-    load_report,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = GpuTarget(name="NVIDIA L4", compute_capability="8.9", tensorrt="10.13.3.9")

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 import relay.gpu
 import tasks.tensorrt as trt_tasks
+from core.tensorrt.requests import PlanRun, plan_request_outcome
 from model_store import ModelStore
 from model_store.local import LocalBackend
 from model_store.plans import list_plan_records, load_plan_record, save_plan_record
@@ -34,7 +35,6 @@ from tasks.compilation import TOLERANCES, CompiledEngine, assess_parity, build_f
 from tasks.tensorrt import (
     TRT_ENGINE,
     BatchProfile,
-    PlanRun,
     TensorRtBuild,
     TensorRtBuildOptions,
     build_and_check,
@@ -43,7 +43,6 @@ from tasks.tensorrt import (
     plan_build_hash,
     plan_options,
     plan_record,
-    plan_request_outcome,
     profile_shapes,
 )
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from core.training.model import TrainConfig, auc, logloss, train_model
 from simulation.shop import ShopConfig, generate_events
-from tasks.training import TrainConfig, auc, logloss, train_model
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +31,8 @@ def test_logloss_of_perfect_and_coin_flip_predictions():
     assert logloss(y, np.full(4, 0.5)) == pytest.approx(np.log(2))
 
 
+# Two trainings: 20-120 s on the shared 2 cores (torch's threads contend under load).
+@pytest.mark.slow
 def test_training_learns_real_signal_and_is_deterministic_under_a_seed(frame):
     config = TrainConfig(seed=3, epochs=2, batch_size=256)
     first = train_model(frame, config)

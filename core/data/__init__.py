@@ -1,0 +1,1 @@
+"""Data validation rules: what a trainable window looks like, checked with Great Expectations."""

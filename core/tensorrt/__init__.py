@@ -1,0 +1,1 @@
+"""TensorRT plans: what the release makes of the gpu pool's answer."""

@@ -1,0 +1,48 @@
+"""Injected latency: held after scoring (mode hold) or spent inside the engine's batches (mode
+engine), where the stage's own timer measures it, as a real slower model would be."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from serving.batching import EngineFault
+from serving.routing import RoutingTable
+from serving.schema import RequestRejected
+
+
+def test_engine_mode_slows_the_stage_on_the_engine_thread_and_holds_nothing() -> None:
+    injection = (
+        RoutingTable().with_latency("stable", 0.0, 3.0, "compute", "engine").injection("stable")
+    )
+    assert not injection.holds
+    assert injection.engine_fault() == EngineFault("compute", 0.0, 3.0)
+
+
+def test_hold_mode_is_the_default_and_never_touches_the_engine() -> None:
+    injection = RoutingTable().with_latency("stable", 20.0).injection("stable")
+    assert injection.holds and injection.engine_fault() is None
+
+
+def test_an_engine_fault_costs_its_own_stage_only() -> None:
+    fault = EngineFault("compute", ms=1.0, factor=3.0)
+    began = time.perf_counter()
+    fault.spend("preprocess", 0.010)
+    other = time.perf_counter() - began
+    began = time.perf_counter()
+    fault.spend("compute", 0.002)  # 1 ms + (3 - 1) x 2 ms
+    own = time.perf_counter() - began
+    assert other < 0.002 and own >= 0.005
+
+
+@pytest.mark.parametrize(
+    ("stage", "mode", "code"),
+    [("queue", "engine", "bad_stage"), ("compute", "sideways", "bad_mode")],
+)
+def test_an_impossible_injection_is_refused_naming_the_problem(
+    stage: str, mode: str, code: str
+) -> None:
+    with pytest.raises(RequestRejected) as refused:
+        RoutingTable().with_latency("stable", 1.0, 1.0, stage, mode)
+    assert refused.value.code == code
