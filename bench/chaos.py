@@ -1,18 +1,27 @@
-"""Benchmark crash safety: serving workers and release flows SIGKILLed at random moments.
+"""Benchmark crash safety: serving workers, the log ingester and release flows SIGKILLed.
 
-    python -m bench.chaos [--worker-kills 20] [--release-kills 5] [--lease-s 15] [--out PATH]
+    python -m bench.chaos [--worker-kills 20] [--release-kills 5] [--lease-s 30] [--out PATH]
 
 Three parts, one run, loopback only; every loop is bounded in count and time and stops by itself.
 
-1. **Worker kills.** One serving worker under steady closed-loop load (JSON requests, each with
-   its own request id) is SIGKILLed at a random moment 0.5-2 s after it became ready, then
-   restarted on the same spool, `--worker-kills` times. The reader then ingests the spool (and the
-   last worker's write-ahead file) and every answered request id is looked up:
-   `answered` (200s the clients saw), `rows_logged`, `rows_lost` (answered, no row),
-   `rows_duplicated` (ids with more than one row). Target 0 lost, 0 duplicated.
-2. **Logging cost**, measured in the same run: two workers of the same model side by side, one
-   logging and one not, closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
-   `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10).
+1. **Worker kills while ingestion runs.** One serving worker under steady load on both
+   transports — `--connections` JSON HTTP clients (one request in flight each) and
+   `--binary-connections` binary-protocol clients with `--binary-depth` requests in flight each
+   (default 16 + 2 x 8 = 32 in flight), every request with its own id — is SIGKILLed at a random
+   moment 0.5-2 s after it became ready, then restarted on the same spool, `--worker-kills` times.
+   All the while a separate ingester process loops over the spool (`ingest_spool` of every log
+   table every `--ingest-every-s`), and every `--ingester-kill-every` worker kills the ingester
+   itself is SIGKILLed at a random moment under load and restarted. At the end the reader
+   ingests what is left and every answered request id is looked up: `answered` (answers the
+   clients saw), `rows_logged`, `rows_lost` (answered, no row), `rows_duplicated` (ids with more
+   than one row), per transport too (`by_transport`); `concurrent_ingestion` is true when an
+   ingester was alive at every worker kill; `ingester_kills` counts the kills under load.
+   Target 0 lost, 0 duplicated.
+2. **Logging and fsync cost**, measured in the same run: three workers of the same model side by
+   side, one logging, one not, one logging with RELAY_SERVING_LOG_FSYNC=request (each row msynced
+   before its answer), closed loop, alternating rounds: `worker_rps`, `worker_nolog_rps`,
+   `worker_fsync_rps`, `logging_cost` = 1 - worker_rps / worker_nolog_rps (target ≤ 0.10),
+   `fsync_cost` = 1 - worker_fsync_rps / worker_rps, `p50_ms_by_log_mode`.
 3. **Release-flow kills.** A deployed local stack (`make up`'s scripts: Prefect server, pools,
    deployments and automations, a `cpu` pool worker, two serving workers). A first release makes
    a champion; then `--release-kills` releases are each SIGKILLed (the flow process and its whole
@@ -21,47 +30,50 @@ Three parts, one run, loopback only; every loop is bounded in count and time and
    `orphan_canary_s` (kill → every worker at canary weight 0), `canary_unloaded_s` (kill → the
    guard's reconciliation unloaded it), `prefect_state_after` (the run's state once Prefect
    decided: the pool worker's own verdict, or the heartbeat automation's), `champion_unchanged`,
-   `next_release_started` (the next release, or a final one, left the queue and ran). A release
-   that ends before its canary (its plan paused and nobody answered) is not a kill: it is listed
-   in `releases_ended_before_their_canary` and another is started, at most twice as many. The canary
-   lease is `--lease-s` (short, so the run takes minutes); the target is every worker off the
-   canary within the lease plus one renewal period (a third of it).
+   `next_release_started` (checked for every kill: the release started right after it — the
+   next kill's, a skipped one, or a final one — left the queue and ran; `next_release_run` names
+   it). A release that ends before its canary (its plan paused and nobody answered) is not a
+   kill: it is listed in `releases_ended_before_their_canary` and another is started, at most
+   twice as many. The canary lease is `--lease-s`, by default the production default
+   (RELAY_SERVING_CANARY_LEASE_S); the target is every worker off the canary within one lease
+   of the kill (`orphan_canary_bound_s`: + 1 s for the watchdog's tick and this bench's poll).
 
-Writes bench/results/chaos.json (or --out).
+`--worker-kills 0` / `--logging-rounds 0` skip parts 1 / 2 (and `--release-kills 0` part 3), so
+the parts can run apart. Writes bench/results/chaos.json (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from relay.settings import Settings
+
 RESULTS = Path(__file__).parent / "results"
+PRODUCTION_LEASE_S: float = Settings.model_fields["serving_canary_lease_s"].default
 TOKEN = "bench-chaos-token"
-RELEASE = "retrain-and-release/retrain-and-release"
-GUARD = "release-guard/release-guard"
-END = datetime(2026, 7, 1, tzinfo=UTC)
-CRASH_WAIT_S = 240.0  # the automation needs 90 s of silence, then its own evaluation
-STEP = 50  # the one canary step of every release: the weight the kill happens at
 
 
-# -- 1. worker kills -------------------------------------------------------------------------------
+# -- 1. worker kills, with an ingester running (and killed) throughout ------------------------------
 def _send_until_dead(
     url: str, docs: list[dict[str, Any]], tag: str, answered: list[str], stop: threading.Event
 ) -> None:
-    """Predicts with unique request ids until the worker stops answering or `stop` is set."""
+    """JSON predicts, one in flight, unique request ids, until the worker dies or `stop`."""
     with httpx.Client(base_url=url, timeout=10) as http:
         for i in range(10_000_000):
             if stop.is_set():
@@ -75,41 +87,178 @@ def _send_until_dead(
                 answered.append(doc["request_id"])
 
 
-def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) -> dict[str, Any]:
-    """SIGKILL a loaded worker `kills` times (restarting it); every answered request's row."""
+def _send_binary_until_dead(
+    host: str,
+    port: int,
+    requests: list[Any],
+    tag: str,
+    answered: list[str],
+    stop: threading.Event,
+    depth: int,
+) -> None:
+    """Binary predicts, `depth` in flight on one connection, each answer counted as it arrives."""
+    from dataclasses import replace
+
+    from relay.errors import ServingError
+    from serving.client import BinaryClient, encode_predict
+    from serving.protocol import Kind
+
+    sent = itertools.count()
+    in_flight: dict[int, str] = {}
+
+    def frames(n: int) -> bytes:
+        out = []
+        for _ in range(n):
+            i = next(sent)
+            in_flight[i + 1] = f"{tag}-{i}"  # frame ids count from 1
+            out.append(
+                encode_predict(i + 1, replace(requests[i % len(requests)], request_id=f"{tag}-{i}"))
+            )
+        return b"".join(out)
+
+    try:
+        with BinaryClient(host, port, timeout_s=10, heartbeat_s=None) as client:
+            data = frames(depth)
+            while not stop.is_set():
+                got = client.send_raw(data)
+                for kind, head, _ in got:
+                    rid = in_flight.pop(head.get("id"), None) if isinstance(head, dict) else None
+                    if rid is not None and kind == Kind.RESULT:
+                        answered.append(rid)
+                data = frames(depth - len(in_flight))
+    except (OSError, ServingError):
+        return  # killed: what was in flight was never answered
+
+
+def ingest_loop(dsn: str, spool: str, every_s: float) -> None:
+    """The reader's ingestion, looping until killed: every log table's spool, every `every_s`."""
     import logstore.reading
+
+    client = logstore.reading.connect_for_reading(dsn, Path(spool))  # ingests once, too
+    print("ingesting", flush=True)
+    while True:
+        for table in logstore.reading.LOG_TABLES:
+            logstore.reading.ingest_spool(client, table.spool_dir(Path(spool)), table)
+        time.sleep(every_s)
+
+
+def _start_ingester(root: Path, env: dict[str, str], n: int) -> subprocess.Popen[str]:
+    log = open(root / f"ingester-{n}.log", "w")  # noqa: SIM115 - the child owns it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.chaos", "--ingest-loop"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    log.close()
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ingesting":  # chdb open and a first pass done
+        raise SystemExit(f"the ingester did not start: see {root / f'ingester-{n}.log'}")
+    return process
+
+
+def _senders(
+    worker: Any,
+    loads: tuple[list[Any], list[Any]],
+    tag: str,
+    answered: dict[str, list[str]],
+    stop: threading.Event,
+    args: argparse.Namespace,
+) -> list[threading.Thread]:
+    """The load on one worker: JSON clients (one in flight each), binary ones (`binary_depth`)."""
+    docs, binary = loads
+    return [
+        threading.Thread(
+            target=_send_until_dead,
+            args=(worker.http_url, docs, f"{tag}-h{c}", answered["http"], stop),
+        )
+        for c in range(args.connections)
+    ] + [
+        threading.Thread(
+            target=_send_binary_until_dead,
+            args=(
+                worker.binary_host,
+                worker.binary_port,
+                binary,
+                f"{tag}-b{c}",
+                answered["binary"],
+                stop,
+                args.binary_depth,
+            ),
+        )
+        for c in range(args.binary_connections)
+    ]
+
+
+def worker_kills(root: Path, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    """SIGKILL a loaded worker `args.worker_kills` times, restarting it on the same spool, while
+    an ingester loops; the ingester is SIGKILLed too, every `args.ingester_kill_every` worker
+    kills, at a random moment, and restarted. Every answered request's row, by request id."""
     from bench.serving import request_docs
+    from serving.client import BinaryRequest, items_matrix
     from serving.process import start_worker
 
     docs = request_docs(200)
+    binary = [
+        BinaryRequest(d["user"], d["session"], d["context"], items_matrix(d["candidates"]))
+        for d in docs
+    ]
     rng = random.Random(11)
     run_tag = f"chaos-{time.time_ns()}"
-    answered: list[str] = []
-    lifetimes = []
-    for kill in range(kills):
+    answered: dict[str, list[str]] = {"http": [], "binary": []}
+    lifetimes, ingester_alive, ingester_kills = [], [], 0
+    ingester = _start_ingester(root, env, 0)
+    for kill in range(args.worker_kills):
         worker = start_worker(env, root / f"worker-{kill}.log")
         worker.wait_ready(timeout_s=120)
         stop = threading.Event()
-        senders = [
-            threading.Thread(
-                target=_send_until_dead,
-                args=(worker.http_url, docs, f"{run_tag}-k{kill}-c{c}", answered, stop),
-            )
-            for c in range(connections)
-        ]
-        for s in senders:
-            s.start()
+        senders = _senders(worker, (docs, binary), f"{run_tag}-k{kill}", answered, stop, args)
+        for sender in senders:
+            sender.start()
+        started = time.monotonic()
         lifetime = rng.uniform(0.5, 2.0)  # a few flush intervals: anywhere inside one
-        time.sleep(lifetime)
+        if kill % args.ingester_kill_every == args.ingester_kill_every - 1:
+            time.sleep(rng.uniform(0.1, lifetime))  # the ingester dies mid-loop, under load
+            ingester.kill()
+            ingester.wait()
+            ingester_kills += 1
+            ingester = _start_ingester(root, env, ingester_kills)
+            lifetime = max(lifetime, time.monotonic() - started + 0.2)  # some load on the new one
+        time.sleep(max(lifetime - (time.monotonic() - started), 0.0))
+        ingester_alive.append(ingester.poll() is None)
         os.kill(worker.process.pid, signal.SIGKILL)
         lifetimes.append(lifetime)
-        for s in senders:
-            s.join(timeout=30)
+        for sender in senders:
+            sender.join(timeout=30)
         stop.set()
         worker.stop()
-    client = logstore.reading.connect_for_reading(
-        env["RELAY_CLICKHOUSE_DSN"], Path(env["RELAY_HOME"]) / "spool"
-    )
+    ingester.kill()  # the reader below drains what is left (not counted as a kill under load)
+    ingester.wait()
+    return _rows_of(env, run_tag, answered) | {
+        "worker_kills": args.worker_kills,
+        "concurrent_ingestion": all(ingester_alive),
+        "ingester_kills": ingester_kills,
+        "requests_in_flight": args.connections + args.binary_connections * args.binary_depth,
+        "kill_after_ready_s_min": round(min(lifetimes), 3),
+        "kill_after_ready_s_max": round(max(lifetimes), 3),
+        "load_connections": args.connections,
+        "binary_connections": args.binary_connections,
+        "binary_depth": args.binary_depth,
+    }
+
+
+def _rows_of(env: dict[str, str], run_tag: str, answered: dict[str, list[str]]) -> dict[str, Any]:
+    """Every answered request id looked up in inference_logs, after the last ingestion."""
+    import logstore
+    import logstore.reading
+    from logstore.spool import INFERENCE_LOGS, ingest_spool
+
+    spool = Path(env["RELAY_HOME"]) / "spool"
+    client = logstore.connect(env["RELAY_CLICKHOUSE_DSN"])
+    # what the loop had not ingested when its last ingester died (and what that one left half-way)
+    left = ingest_spool(client, INFERENCE_LOGS.spool_dir(spool), INFERENCE_LOGS)
+    client = logstore.reading.connect_for_reading(env["RELAY_CLICKHOUSE_DSN"], spool)
     counts = dict(
         client.query(
             "SELECT request_id, count() FROM inference_logs "
@@ -117,33 +266,49 @@ def worker_kills(root: Path, env: dict[str, str], kills: int, connections: int) 
             parameters={"tag": run_tag},
         ).result_rows
     )
+    every = answered["http"] + answered["binary"]
     return {
-        "worker_kills": kills,
-        "answered": len(answered),
+        "answered": len(every),
         "rows_logged": int(sum(counts.values())),
-        "rows_lost": sum(1 for rid in answered if rid not in counts),
+        "rows_lost": sum(1 for rid in every if rid not in counts),
         "rows_duplicated": sum(1 for n in counts.values() if n > 1),
-        "kill_after_ready_s_min": round(min(lifetimes), 3),
-        "kill_after_ready_s_max": round(max(lifetimes), 3),
-        "load_connections": connections,
+        "transports": sorted(name for name, ids in answered.items() if ids),
+        "by_transport": {
+            name: {
+                "answered": len(ids),
+                "rows_lost": sum(1 for rid in ids if rid not in counts),
+                "rows_duplicated": sum(1 for rid in ids if counts.get(rid, 0) > 1),
+            }
+            for name, ids in answered.items()
+        },
+        "rows_ingested_while_running": int(sum(counts.values())) - left.rows,
+        "rows_left_for_the_final_reader": left.rows,
+        "segments_recovered_from_killed_ingesters_at_the_end": left.recovered,
     }
 
 
 # -- 2. logging cost -------------------------------------------------------------------------------
 def logging_cost(root: Path, env: dict[str, str], rounds: int, seconds: float) -> dict[str, Any]:
-    """Closed-loop req/s of a logging and a non-logging worker, alternating rounds; medians."""
+    """Closed-loop req/s of a logging, a non-logging and a logging worker that msyncs every
+    row before answering (RELAY_SERVING_LOG_FSYNC=request), alternating rounds; medians."""
     from bench.serving import http_load, http_requests, request_docs, run_async
     from serving.process import start_worker
 
     docs = request_docs(200)
+    modes = (
+        ("worker", {"RELAY_SERVING_REQUEST_LOG": "true"}),
+        ("worker_nolog", {"RELAY_SERVING_REQUEST_LOG": "false"}),
+        (
+            "worker_fsync",
+            {"RELAY_SERVING_REQUEST_LOG": "true", "RELAY_SERVING_LOG_FSYNC": "request"},
+        ),
+    )
     servers = {
-        name: start_worker(
-            {**env, "RELAY_HOME": str(root / name), "RELAY_SERVING_REQUEST_LOG": log},
-            root / f"{name}.log",
-        )
-        for name, log in (("worker", "true"), ("worker_nolog", "false"))
+        name: start_worker({**env, "RELAY_HOME": str(root / name), **extra}, root / f"{name}.log")
+        for name, extra in modes
     }
     rates: dict[str, list[float]] = {name: [] for name in servers}
+    p50: dict[str, list[float]] = {name: [] for name in servers}
     try:
         for w in servers.values():
             w.wait_ready(timeout_s=120)
@@ -153,183 +318,23 @@ def logging_cost(root: Path, env: dict[str, str], rounds: int, seconds: float) -
                 load = http_load(
                     host, int(port), http_requests(docs, host, int(port)), 8, seconds, 1.0
                 )
-                rates[name].append(run_async(load).figures()["rps"])
+                figures = run_async(load).figures()
+                rates[name].append(figures["rps"])
+                p50[name].append(figures["p50_ms"])
     finally:
         for w in servers.values():
             w.stop()
     logged, bare = statistics.median(rates["worker"]), statistics.median(rates["worker_nolog"])
+    synced = statistics.median(rates["worker_fsync"])
     return {
         "worker_rps": round(logged, 1),
         "worker_nolog_rps": round(bare, 1),
         "logging_cost": round(1 - logged / bare, 4) if bare else None,
+        "worker_fsync_rps": round(synced, 1),
+        "fsync_cost": round(1 - synced / logged, 4) if logged else None,
+        "p50_ms_by_log_mode": {name: round(statistics.median(v), 3) for name, v in p50.items()},
         "logging_rounds": rounds,
         "logging_round_s": seconds,
-    }
-
-
-# -- 3. release-flow kills -------------------------------------------------------------------------
-def _release_params(seed: int, lease_s: float) -> dict[str, Any]:
-    """A small release whose one canary step outlasts the kill (many short windows)."""
-    return {
-        "window_end": END.isoformat(),
-        "window_days": 7.0,
-        # as the deployment tests: enough to be blessed on 40k events
-        "training": {"epochs": 3, "batch_size": 512, "seed": seed},
-        "data": {"min_rows": 5_000},
-        "canary_steps": [STEP],
-        "analysis_window_s": max(lease_s, 10.0),
-        "gate": {"max_windows": 20},
-        "approval_timeout_s": 60,
-        "impact_report_after": False,
-        "tensorrt_wait_s": 0,
-        "actor": "bench.chaos",
-    }
-
-
-def _poll(found: Callable[[], Any], timeout_s: float, every_s: float = 0.25) -> Any:
-    """`found()` once truthy, or None after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(every_s)
-    return None
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def release_kills(root: Path, kills: int, lease_s: float, events: int) -> dict[str, Any]:
-    """Kill `kills` releases mid-canary on a deployed local stack; what became of each."""
-    from relay_testing.deployed_stack import DeployedStack, finish
-
-    stack = DeployedStack(root / "stack", extra_env={"RELAY_SERVING_CANARY_LEASE_S": str(lease_s)})
-    rng = random.Random(5)
-    kills_out: list[dict[str, Any]] = []
-    try:
-        world = {"seed": 51, "n_users": 3_000, "n_items": 1_000}
-        seeding = stack.seed_events(events, END, world)
-        stack.start(serving_workers=2)
-        stack.start_shop(rate_rps=60.0, shop=world)  # the canaries' traffic, as `make up` runs it
-        finish(seeding)
-        first = stack.wait_for_run(
-            stack.run_deployment(RELEASE, _release_params(1, lease_s)), timeout_s=600
-        )
-        if first.get("state_type") != "COMPLETED" or stack.store().get_alias("champion") is None:
-            outcome = stack.artifacts(first["id"]).get("release-outcome", {}).get("data")
-            raise SystemExit(
-                f"the first release made no champion: {first['state_name']}: {outcome}"
-            )
-        skipped: list[dict[str, Any]] = []
-        for attempt in range(2 * kills):  # a release that ends before its canary is not a kill
-            if len(kills_out) == kills:
-                break
-            mode = "pool" if len(kills_out) % 2 == 0 else "embedded"
-            outcome = _kill_one_release(stack, mode, 10 + attempt, lease_s, rng)
-            (kills_out if "orphan_canary_s" in outcome else skipped).append(outcome)
-            print(json.dumps(outcome), flush=True)
-        # the last kill's successor: one more release must leave the queue and start running;
-        # then it is cancelled (what it would do is the first release's business)
-        last = stack.run_deployment(RELEASE, {**_release_params(99, lease_s), "deploy": False})
-        started = _poll(lambda: stack.api("GET", f"/flow_runs/{last}")["start_time"], 600, 1.0)
-        if kills_out:
-            kills_out[-1]["next_release_started"] = started is not None
-        stack.api("POST", f"/flow_runs/{last}/set_state", {"state": {"type": "CANCELLING"}})
-        stack.wait_for_run(last, timeout_s=120)
-    finally:
-        stack.stop()
-    return _release_figures(kills_out, lease_s) | {"releases_ended_before_their_canary": skipped}
-
-
-def _kill_one_release(
-    stack: Any, mode: str, seed: int, lease_s: float, rng: random.Random
-) -> dict[str, Any]:
-    """Start a release (`pool` or `embedded`), SIGKILL it in its canary step, watch the aftermath."""
-    champion = stack.store().get_alias("champion")
-    _poll(lambda: not stack.active_runs(), 600, 1.0)  # nothing else holds the embedded ClickHouse
-    before = {r["id"] for r in stack.flow_runs_of(RELEASE, include_adhoc=True)}
-    params = _release_params(seed, lease_s)
-    embedded = None
-    if mode == "pool":
-        run_id = stack.run_deployment(RELEASE, params)
-    else:
-        embedded = stack.run_embedded_release(params, stack.root / f"embedded-{seed}.log")
-        new = _poll(
-            lambda: [
-                r["id"]
-                for r in stack.flow_runs_of(RELEASE, include_adhoc=True)
-                if r["id"] not in before
-            ],
-            300,
-            1.0,
-        )
-        run_id = new[0] if new else ""
-
-    def ended() -> dict[str, Any] | None:
-        run = stack.api("GET", f"/flow_runs/{run_id}") if run_id else {"state_type": "FAILED"}
-        return run if run["state_type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"} else None
-
-    _poll(lambda: stack.canary_weights() == {STEP} or ended(), 600)
-    started = stack.api("GET", f"/flow_runs/{run_id}") if run_id else {}
-    if stack.canary_weights() != {STEP}:  # e.g. its plan paused and nobody answered
-        if embedded is not None:
-            _kill_group(embedded.pid)
-            embedded.wait(timeout=30)
-        final = ended() or {}
-        return {"mode": mode, "run": run_id, "ended": final.get("state_name", "still running")}
-    time.sleep(rng.uniform(0, lease_s / 3))  # anywhere between two renewals
-    pids = [embedded.pid] if embedded is not None else stack.flow_run_pids()
-    killed = time.monotonic()
-    for pid in pids:
-        _kill_group(pid)
-    if embedded is not None:
-        embedded.wait(timeout=30)
-    off = _poll(lambda: stack.canary_weights() == {0}, 3 * lease_s + 60)
-    orphan_s = time.monotonic() - killed if off else None
-    final = _poll(
-        lambda: (r := stack.api("GET", f"/flow_runs/{run_id}"))["state_type"] != "RUNNING" and r,
-        CRASH_WAIT_S,
-        1.0,
-    )
-    unloaded = _poll(
-        lambda: {w.canary_version for w in stack.fleet_state()} == {None}, CRASH_WAIT_S, 0.5
-    )
-    return {
-        "mode": mode,
-        "run": run_id,
-        "deployment_run": bool(started.get("deployment_id")),
-        "killed_pids": len(pids),
-        "orphan_canary_s": None if orphan_s is None else round(orphan_s, 2),
-        "canary_unloaded_s": round(time.monotonic() - killed, 1) if unloaded else None,
-        "prefect_state_after": final["state_name"] if final else "Running",
-        "prefect_state_message": (final or {}).get("state", {}).get("message", "")[:200],
-        "champion_unchanged": stack.store().get_alias("champion") == champion,
-        "next_release_started": None,  # filled in when the next release starts
-    }
-
-
-def _release_figures(kills: list[dict[str, Any]], lease_s: float) -> dict[str, Any]:
-    for earlier in kills[:-1]:
-        earlier["next_release_started"] = True  # the next kill's release ran into its canary
-    orphan = [k["orphan_canary_s"] for k in kills if k.get("orphan_canary_s") is not None]
-    bound = lease_s + lease_s / 3
-    return {
-        "release_kills": len(kills),
-        "release_kill_modes": sorted({k["mode"] for k in kills}),
-        "lease_s": lease_s,
-        "orphan_canary_bound_s": round(bound, 2),
-        "orphan_canary_s_max": max(orphan) if orphan else None,
-        "orphan_canary_s_median": round(statistics.median(orphan), 2) if orphan else None,
-        "orphans_within_bound": sum(1 for s in orphan if s <= bound),
-        "prefect_state_after": sorted({k["prefect_state_after"] for k in kills}),
-        "champion_unchanged": all(k.get("champion_unchanged") for k in kills),
-        "next_release_started": all(k.get("next_release_started") for k in kills),
-        "kills": kills,
     }
 
 
@@ -337,9 +342,19 @@ def _release_figures(kills: list[dict[str, Any]], lease_s: float) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker-kills", type=int, default=20)
-    parser.add_argument("--connections", type=int, default=4, help="load threads per kill")
+    parser.add_argument("--connections", type=int, default=16, help="JSON load threads per kill")
+    parser.add_argument("--binary-connections", type=int, default=2)
+    parser.add_argument("--binary-depth", type=int, default=8, help="in flight per connection")
+    parser.add_argument("--ingester-kill-every", type=int, default=3, help="worker kills")
+    parser.add_argument("--ingest-every-s", type=float, default=0.2)
+    parser.add_argument("--ingest-loop", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--release-kills", type=int, default=5)
-    parser.add_argument("--lease-s", type=float, default=15.0, help="canary lease of part 3")
+    parser.add_argument(
+        "--lease-s",
+        type=float,
+        default=PRODUCTION_LEASE_S,
+        help="canary lease of part 3 (default: the production default)",
+    )
     parser.add_argument("--events", type=int, default=20_000, help="events of the serving model")
     parser.add_argument(
         "--release-events", type=int, default=40_000, help="events seeded for the releases"
@@ -348,6 +363,14 @@ def main() -> None:
     parser.add_argument("--logging-seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "chaos.json")
     args = parser.parse_args()
+    if args.ingest_loop:  # the ingester child of part 1: the environment names its store
+        from relay.settings import get_settings
+
+        settings = get_settings()
+        ingest_loop(
+            settings.resolved_clickhouse_dsn, str(settings.resolved_spool_dir), args.ingest_every_s
+        )
+        return
     started = time.monotonic()
 
     from bench.serving import build_small_version
@@ -364,14 +387,17 @@ def main() -> None:
             "RELAY_SERVING_ADMIN_TOKEN": TOKEN,
             "RELAY_SERVING_STABLE_REF": manifest.version,
         }
-        figures: dict[str, Any] = worker_kills(tmp, env, args.worker_kills, args.connections)
-        print(json.dumps(figures), flush=True)
-        figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
-        print(
-            json.dumps({k: figures[k] for k in ("worker_rps", "worker_nolog_rps", "logging_cost")}),
-            flush=True,
-        )
+        figures: dict[str, Any] = {}
+        if args.worker_kills:  # 0: parts 3 only (a run of its own; see the docstring)
+            figures |= worker_kills(tmp, env, args)
+            print(json.dumps(figures), flush=True)
+        if args.logging_rounds:
+            figures |= logging_cost(tmp, env, args.logging_rounds, args.logging_seconds)
+            cost = ("worker_rps", "worker_nolog_rps", "logging_cost", "fsync_cost")
+            print(json.dumps({k: figures[k] for k in cost}), flush=True)
         if args.release_kills:
+            from bench.chaos_release import release_kills
+
             figures |= release_kills(tmp, args.release_kills, args.lease_s, args.release_events)
     figures |= {
         "wall_s": round(time.monotonic() - started, 1),

@@ -36,6 +36,7 @@ class EventKind(StrEnum):
     guard_quality = "guard_quality"
     reconcile = "reconcile"  # the guard brought the fleet back to the store's champion
     crashed = "crashed"  # a dead release's canary taken out
+    canary_out = "canary_out"  # a canary taken out for a champion rollback or by an operator
     drift = "drift"
     drift_alert = "drift_alert"
 

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from logstore import wal
 from logstore.ingest import (
     IngestReport,
     LogServer,
@@ -149,8 +150,10 @@ class RequestLogWriter:
         connect_server: Callable[[], LogServer] | None,
         flush_s: float,
         batch_rows: int,
+        sync_each_record: bool = False,
     ) -> None:
         self.spool = spool
+        self._sync_each_record = sync_each_record  # RELAY_SERVING_LOG_FSYNC=request
         self._connect_server = connect_server
         self._server: LogServer | None = None
         self._server_down_since: float | None = None
@@ -206,6 +209,8 @@ class RequestLogWriter:
                     batch.wal = None
             if batch.wal is None:
                 self.stats.wal_failures += n
+            elif self._sync_each_record:  # on the disk before the answer, not only in the cache
+                batch.wal.sync_tail(len(payload) + wal.HEADER.size)
             if part is None:
                 batch.rows.extend(rows)
             else:

@@ -101,6 +101,15 @@ class WalFile:
         self.used = end
         return True
 
+    def sync_tail(self, length: int) -> None:
+        """Write the last `length` bytes of records through to the disk (msync) and wait.
+
+        For RELAY_SERVING_LOG_FSYNC=request: a record copied in survives a SIGKILL as it is (the
+        page cache is the kernel's), and after this a power loss too. msync takes whole pages.
+        """
+        start = max(self.used - length, 0) // mmap.PAGESIZE * mmap.PAGESIZE
+        self._pages.flush(start, self.used - start)
+
     def rename(self, path: Path) -> None:
         """Move the file (still open and locked) to `path`."""
         os.rename(self.path, path)

@@ -45,4 +45,5 @@ def log_writer_for(settings: Settings, table: LogTable, prefix: str) -> RequestL
         connect_server=server,
         flush_s=settings.serving_log_flush_ms / 1000,
         batch_rows=settings.serving_log_batch_rows,
+        sync_each_record=settings.serving_log_fsync == "request",
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -107,6 +108,15 @@ class Settings(BaseSettings):
     serving_log_batch_rows: int = Field(
         default=20_000, ge=1, description="Most log rows per insert or spool segment."
     )
+    serving_log_fsync: Literal["rotation", "request"] = Field(
+        default="rotation",
+        description="When a log row reaches the disk, not only the page cache. `rotation`: its "
+        "segment is fsynced when the write-ahead file rotates (every RELAY_SERVING_LOG_FLUSH_MS): "
+        "every answered request's row survives a SIGKILL, a host's power loss can lose the rows "
+        "since the last rotation. `request`: the row's write-ahead record is msynced before the "
+        "answer is sent, so nothing answered is lost to a power loss either, at a cost measured "
+        "by bench.chaos (`fsync_cost`).",
+    )
     serving_request_log: bool = Field(
         default=True,
         description="Write one inference_logs row per request (off only to benchmark).",
@@ -139,12 +149,14 @@ class Settings(BaseSettings):
         default="", description="Comma-separated base URLs of the workers the fleet client drives."
     )
     serving_canary_lease_s: float = Field(
-        default=90.0,
+        default=30.0,
         gt=0.0,
         description="How long a canary weight above 0 holds on a worker unless the release renews "
         "it. The release renews every third of it while a window runs and once as the window "
-        "ends, so it must outlast the judging between two windows (seconds); a release that dies "
-        "leaves no worker on the canary for longer than this plus one renewal period.",
+        "ends, so it must outlast the judging between two windows (seconds; bench.gate's live "
+        "runs: at most 9 s a look); a release that dies leaves no worker on the canary for "
+        "longer than this after its last renewal. 30 s: renewing 32 workers costs ~14 CPU-s an "
+        "hour (bench.rollback), against an orphan bound of 30 s instead of 90 (docs/serving.md).",
     )
     serving_canary_lease_max_s: float = Field(
         default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."

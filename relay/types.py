@@ -63,6 +63,18 @@ class ReleaseOutcome(StrEnum):
     rolled_back = "rolled_back"  # the canary was taken out; champion unchanged
 
 
+class CanaryRemoval(StrEnum):
+    """Why a canary is taken out of traffic. Every path that takes one out names its reason:
+    the release events, the worker's log and its state say which path acted."""
+
+    verdict = "verdict"  # the release's gate failed or a person said no: the deploy's on_rollback
+    release_ended = "release_ended"  # the release run crashed or was cancelled: the flow's hook
+    orphaned = "orphaned"  # the guard found a canary with no live release behind it
+    champion_rollback = "champion_rollback"  # a champion rollback clears any canary first
+    operator = "operator"  # a person (or a bench) at the fleet's admin API
+    lease_expired = "lease_expired"  # worker-side: no renewal within the lease (weight 0 only)
+
+
 @dataclass(frozen=True)
 class Release:
     """Which release this is: every event it writes carries these."""

@@ -20,19 +20,22 @@ every worker takes the canary to weight 0 on its own.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import orjson
 from opentelemetry import propagate
 
 from relay.errors import ConfigError
 from relay.settings import Settings
+from relay.types import CanaryRemoval
+from serving.admin_channel import AdminCalls, HttpxCalls, PooledChannel, Reply
 from serving.routing import BASELINE, CANARY, STABLE, check_slot
 
 log = logging.getLogger("serving.fleet")
@@ -86,6 +89,16 @@ class FleetResult:
     def failed(self) -> list[WorkerResult]:
         return [w for w in self.workers if not w.ok]
 
+    def details(self) -> dict[str, Any]:
+        """The phase and each worker's answer, as a release event keeps them."""
+        return {
+            "phase": self.phase,
+            "workers": [
+                {"url": w.url, "ok": w.ok, "status": w.status, "error": w.error, "detail": w.detail}
+                for w in self.workers
+            ],
+        }
+
 
 class FleetClient:
     """Drives every worker's admin API; calls to different workers run in parallel."""
@@ -98,35 +111,44 @@ class FleetClient:
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = CALL_TIMEOUT_S,
         lease_s: float = DEFAULT_LEASE_S,
+        calls: AdminCalls | None = None,
     ) -> None:
+        """`calls` (default: pooled connections for http workers, httpx for https or a given
+        `transport`) is closed with this client only if this client made it."""
         if not urls:
             raise ConfigError("the fleet has no workers: set RELAY_SERVING_FLEET_URLS")
         if not token:
             raise ConfigError("no admin token: set RELAY_SERVING_ADMIN_TOKEN")
         self.urls = [u.rstrip("/") for u in urls]
         self.lease_s = lease_s
-        self._clients = {
-            url: httpx.Client(
-                base_url=url,
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=timeout_s,
-                transport=transport,
-            )
-            for url in self.urls
-        }
+        self.timeout_s = timeout_s
+        self._owns_calls = calls is None
+        if calls is not None:
+            self._calls = calls
+        elif transport is None and all(u.startswith("http://") for u in self.urls):
+            self._calls = PooledChannel(token)
+        else:
+            self._calls = HttpxCalls(token, transport)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> FleetClient:
-        urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+    def from_settings(cls, settings: Settings, urls: Sequence[str] | None = None) -> FleetClient:
+        """The fleet's workers (or those of `urls`) on the process's shared pool: a rollback
+        reuses the connections the deploy and the lease renewals opened, rather than opening one
+        per worker after the verdict."""
+        if urls is None:
+            urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
+        token = settings.serving_admin_token.get_secret_value()
+        plain = bool(urls) and all(u.startswith("http://") for u in urls)
         return cls(
             urls,
-            settings.serving_admin_token.get_secret_value(),
+            token,
             lease_s=settings.serving_canary_lease_s,
+            calls=shared_channel(token) if plain and token else None,
         )
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
+        if self._owns_calls:
+            self._calls.close()
 
     def __enter__(self) -> FleetClient:
         return self
@@ -249,9 +271,16 @@ class FleetClient:
             return check
         return self._switch_result("promote", self._each("POST", "/admin/promote"))
 
+    def take_canary_out(self, reason: CanaryRemoval) -> FleetResult:
+        """Weight 0, canary and baseline unloaded on every worker, each independently (best
+        effort), the reason told to each. Release code calls `tasks.canary_removal`, which
+        records it."""
+        body = {"reason": reason.value}
+        return self._one_phase("rollback", self._each("POST", "/admin/rollback", body))
+
     def rollback(self) -> FleetResult:
-        """Weight 0 and unload the canary on every worker (each independently: best effort)."""
-        return self._one_phase("rollback", self._each("POST", "/admin/rollback"))
+        """`take_canary_out` by a person or a bench at the admin API."""
+        return self.take_canary_out(CanaryRemoval.operator)
 
     def set_injected_latency(
         self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
@@ -320,56 +349,49 @@ class FleetClient:
         body: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> list[WorkerResult]:
-        """The same call on every worker, in parallel; results in fleet order.
+        """The same call on every worker, all at once; results in fleet order.
 
-        The caller's current span goes with each call as W3C `traceparent` (read here: the pool's
-        threads do not see the caller's context), so the workers' spans join its trace.
+        The caller's current span goes with each call as W3C `traceparent`, so the workers'
+        spans join its trace.
         """
         trace_headers: dict[str, str] = {}
         propagate.inject(trace_headers)
-        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
-            return list(
-                pool.map(
-                    lambda url: self._call(url, method, path, body, timeout_s, trace_headers),
-                    self.urls,
-                )
-            )
-
-    def _call(
-        self,
-        url: str,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        timeout_s: float | None,
-        headers: dict[str, str],
-    ) -> WorkerResult:
-        client = self._clients[url]
-        try:
-            response = client.request(
-                method,
-                path,
-                json=body,
-                headers=headers,
-                timeout=timeout_s if timeout_s else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.HTTPError as exc:
-            return WorkerResult(url, False, None, "unreachable", f"{type(exc).__name__}: {exc}")
-        try:
-            payload = response.json()
-        except ValueError:
-            payload = {"detail": response.text[:200]}
-        if not isinstance(payload, dict):
-            payload = {"detail": str(payload)[:200]}
-        if response.status_code == 200:
-            return WorkerResult(url, True, 200, state=payload)
-        return WorkerResult(
-            url,
-            False,
-            response.status_code,
-            str(payload.get("error", f"http_{response.status_code}")),
-            str(payload.get("detail", "")),
+        replies = self._calls.call_each(
+            self.urls,
+            method,
+            path,
+            None if body is None else orjson.dumps(body),
+            timeout_s or self.timeout_s,
+            trace_headers,
         )
+        return [_worker_result(url, reply) for url, reply in zip(self.urls, replies, strict=True)]
+
+
+def _worker_result(url: str, reply: Reply) -> WorkerResult:
+    """A worker's answer as the fleet reads it: its state on 200, its error code otherwise."""
+    if reply.status is None:
+        return WorkerResult(url, False, None, "unreachable", reply.error)
+    try:
+        payload = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        payload = {"detail": reply.body[:200].decode(errors="replace")}
+    if not isinstance(payload, dict):
+        payload = {"detail": str(payload)[:200]}
+    if reply.status == 200:
+        return WorkerResult(url, True, 200, state=payload)
+    return WorkerResult(
+        url,
+        False,
+        reply.status,
+        str(payload.get("error", f"http_{reply.status}")),
+        str(payload.get("detail", "")),
+    )
+
+
+@functools.cache
+def shared_channel(token: str) -> PooledChannel:
+    """The process's one pool of admin connections (made on first use, never at import)."""
+    return PooledChannel(token)
 
 
 def _why(results: list[WorkerResult]) -> str:

@@ -26,6 +26,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
+from relay.types import CanaryRemoval
 from serving.batching import EngineFault
 from serving.schema import RequestRejected
 
@@ -284,3 +285,16 @@ def check_slot(slot: object) -> str:
     if slot not in SLOTS:
         raise RequestRejected("bad_slot", f"slot must be one of {', '.join(SLOTS)}, got {slot!r}")
     return str(slot)
+
+
+# A lease runs out on the worker itself: no caller may say so.
+_GIVEN_REASONS = {r.value: r for r in CanaryRemoval if r is not CanaryRemoval.lease_expired}
+
+
+def check_removal_reason(reason: object) -> CanaryRemoval:
+    """Why the fleet takes this canary out (400 unless a CanaryRemoval a caller may give)."""
+    if not isinstance(reason, str) or reason not in _GIVEN_REASONS:
+        raise RequestRejected(
+            "bad_reason", f"reason must be one of {', '.join(_GIVEN_REASONS)}, got {reason!r}"
+        )
+    return _GIVEN_REASONS[reason]

@@ -27,6 +27,7 @@ def worker_state(worker: Worker) -> dict[str, Any]:
         },
         "canary_weight": t.canary_weight,
         "canary_lease": _lease_state(worker, t),
+        "canary_removals": dict(worker.canary_removals),  # by CanaryRemoval reason
         "inject_latency_ms": {slot: t.injection(slot).ms for slot in SLOTS},
         "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
         "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},

@@ -39,9 +39,10 @@ from model_store import open_store
 from model_store.calibration import load_report
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings, get_settings
-from relay.types import GateResult, Release, Verdict
+from relay.types import CanaryRemoval, GateResult, Release, Verdict
 from serving.fleet import FleetClient, FleetResult
 from tasks.aliases import move_alias
+from tasks.canary_removal import take_canary_out
 from tasks.tracing import release_span, release_tracer, traced
 
 CHAMPION = "champion"
@@ -128,13 +129,7 @@ def record(
 
 
 def fleet_details(result: FleetResult) -> dict[str, Any]:
-    return {
-        "phase": result.phase,
-        "workers": [
-            {"url": w.url, "ok": w.ok, "status": w.status, "error": w.error, "detail": w.detail}
-            for w in result.workers
-        ],
-    }
+    return result.details()
 
 
 def decision_verdict(decision: CanaryDecision, timed_out: bool) -> GateResult:
@@ -253,26 +248,20 @@ def deploy_canary(settings: Settings, release: Release, baseline: str, weight: i
 
 
 @deploy_canary.on_rollback
-def take_canary_out(txn: Transaction) -> None:
-    """Weight 0, canary and baseline unloaded on every reachable worker; idempotent. Records the latency."""
+def take_canary_out_on_rollback(txn: Transaction) -> None:
+    """The transaction failed (a verdict, a refusal, a crash): the canary out, verdict -> weight 0."""
     settings = get_settings()
     release: Release = txn.get("release")
-    with (
-        release_span(release_tracer(settings), release, "take canary out"),
-        FleetClient.from_settings(settings) as fleet,
-    ):
-        result = fleet.rollback()
-    latency_ms = (time.time() - txn.get("verdict_at", time.time())) * 1000
-    record(
-        settings,
-        release,
-        EventKind.rollback,
-        ActionVerdict.done if result.ok else ActionVerdict.partial,
-        result.reason,
-        rollback_ms=latency_ms,
-        **fleet_details(result),
-    )
-    txn.set("rollback_ms", latency_ms)
+    verdict_at = txn.get("verdict_at", time.time())
+    with release_span(release_tracer(settings), release, "take canary out"):
+        _, rollback_ms = take_canary_out(
+            settings,
+            release,
+            CanaryRemoval.verdict,
+            "the release's transaction rolled back: its canary taken out by the deploy's hook",
+            verdict_at=verdict_at,
+        )
+    txn.set("rollback_ms", rollback_ms)
 
 
 @task(name="set-canary-weight", cache_policy=NO_CACHE)

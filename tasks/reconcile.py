@@ -41,9 +41,10 @@ from prefect.client.schemas.objects import FlowRun, State, StateType
 import logstore
 from logstore.release_events import ActionVerdict, EventKind, last_release_of
 from relay.settings import Settings, get_settings
-from relay.types import GateResult, Release, Verdict
-from serving.fleet import FleetClient, FleetResult, WorkerResult
+from relay.types import CanaryRemoval, GateResult, Release, Verdict
+from serving.fleet import FleetClient, WorkerResult
 from tasks.canary import fleet_details, record
+from tasks.canary_removal import take_canary_out
 
 RELEASE_FLOW = "retrain-and-release"
 LIVE_STATES = (StateType.PENDING, StateType.RUNNING, StateType.PAUSED)
@@ -194,26 +195,7 @@ def reconcile_fleet(
     with FleetClient.from_settings(settings) as fleet:
         views = [WorkerView.of(w) for w in fleet.state().workers]
     plan = plan_reconciliation(views, champion, live_releases)
-    failed: list[str] = []
-    token = settings.serving_admin_token.get_secret_value()
-    for repair in plan.repairs:
-        with FleetClient(list(repair.urls), token) as some:
-            result = _apply(some, repair, champion)
-        owner = guard
-        if repair.action is Repair.take_canary_out and plan.canary:
-            owner = _owner_of(settings, plan.canary) or guard
-        record(
-            settings,
-            owner,
-            EventKind.reconcile,
-            ActionVerdict.repaired if result.ok else ActionVerdict.error,
-            f"release guard {guard.release_id}: {repair.action.value}: {repair.reason}"
-            + ("" if result.ok else f" (failed: {result.reason})"),
-            action=repair.action.value,
-            **fleet_details(result),
-        )
-        if not result.ok:
-            failed.append(repair.reason)
+    failed = [r.reason for r in plan.repairs if not _repair(settings, guard, plan, r, champion)]
     for problem in plan.problems:
         record(settings, guard, EventKind.reconcile, Verdict.error, problem)
     gate = reconciliation_verdict(plan, failed)
@@ -235,28 +217,47 @@ def take_out_canary_of_dead_release(flow: Flow[Any, Any], flow_run: FlowRun, sta
     settings = get_settings()
     with FleetClient.from_settings(settings) as fleet:
         canaries = {v for w in fleet.state().workers if (v := w.canary_version) is not None}
-        for canary in sorted(canaries):
-            owner = _owner_of(settings, canary)
-            if owner is None or owner.release_id != str(flow_run.id):
-                continue
-            result = fleet.rollback()
-            record(
-                settings,
-                owner,
-                EventKind.crashed,
-                ActionVerdict.done if result.ok else ActionVerdict.partial,
-                f"release run {flow_run.name} ended {state.type.value}"
-                f" ({state.message or 'no message'}): its canary {canary} taken out by the "
-                f"flow's hook; champion unchanged",
-                **fleet_details(result),
-            )
+    for canary in sorted(canaries):
+        owner = _owner_of(settings, canary)
+        if owner is None or owner.release_id != str(flow_run.id):
+            continue
+        take_canary_out(
+            settings,
+            owner,
+            CanaryRemoval.release_ended,
+            f"release run {flow_run.name} ended {state.type.value}"
+            f" ({state.message or 'no message'}): its canary {canary} taken out by the "
+            f"flow's hook; champion unchanged",
+        )
 
 
-def _apply(fleet: FleetClient, repair: PlannedRepair, champion: str | None) -> FleetResult:
+def _repair(
+    settings: Settings,
+    guard: Release,
+    plan: Reconciliation,
+    repair: PlannedRepair,
+    champion: str | None,
+) -> bool:
+    """Make one planned repair and record it: an orphan's removal under the release that
+    deployed it (its own record says what became of its canary), a stable under the guard."""
+    said = f"release guard {guard.release_id}: {repair.action.value}: {repair.reason}"
     if repair.action is Repair.take_canary_out:
-        return fleet.rollback()
+        owner = (_owner_of(settings, plan.canary) if plan.canary else None) or guard
+        result, _ = take_canary_out(settings, owner, CanaryRemoval.orphaned, said, urls=repair.urls)
+        return result.ok
     assert champion is not None  # plan_reconciliation restores stable only to a champion
-    return fleet.load("stable", champion)
+    with FleetClient.from_settings(settings, repair.urls) as some:
+        result = some.load("stable", champion)
+    record(
+        settings,
+        guard,
+        EventKind.reconcile,
+        ActionVerdict.repaired if result.ok else ActionVerdict.error,
+        said + ("" if result.ok else f" (failed: {result.reason})"),
+        action=repair.action.value,
+        **fleet_details(result),
+    )
+    return result.ok
 
 
 def _owner_of(settings: Settings, canary: str) -> Release | None:

@@ -19,10 +19,11 @@ from model_store import open_store
 from model_store.calibration import load_report
 from relay.errors import GateFailed, ServingError
 from relay.settings import Settings
-from relay.types import GateResult, Release
+from relay.types import CanaryRemoval, GateResult, Release
 from serving.fleet import FleetClient, FleetResult
 from tasks.aliases import move_alias
 from tasks.canary import CHAMPION, fleet_details, record
+from tasks.canary_removal import take_canary_out
 
 
 @task(name="record-rollback", cache_policy=NO_CACHE)
@@ -98,8 +99,13 @@ def roll_back_champion(
 ) -> FleetResult:
     """Serve `release.version` as stable everywhere (canary out), move champion back, emit an event."""
     started = time.perf_counter()
+    take_canary_out(
+        settings,
+        release,
+        CanaryRemoval.champion_rollback,
+        f"champion rollback to {release.version} by {actor}: any canary out first",
+    )
     with FleetClient.from_settings(settings) as fleet:
-        fleet.rollback()
         result = fleet.load("stable", release.version)
     elapsed_ms = (time.perf_counter() - started) * 1000
     record(

@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from serving.api.predict import read_body
 from serving.api.responses import json_response
-from serving.routing import check_slot
+from serving.routing import check_removal_reason, check_slot
 from serving.schema import RequestRejected, json_object
 from serving.worker import ADMIN, Exchange, Worker
 
@@ -53,7 +53,7 @@ async def _promote(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _rollback(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
-    return await worker.rollback()
+    return await worker.rollback(check_removal_reason(body.get("reason", "operator")))
 
 
 async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:

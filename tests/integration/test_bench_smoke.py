@@ -45,7 +45,7 @@ COMMANDS: dict[str, str] = {
     "serving": "--train-events 4000 --seconds 3 --rounds 1 --warmup 2 --connections 4 "
     "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
     "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5 --p95-rounds 1",
-    "rollback": "--workers 2,3 --cycles 1 --rps 20 --events 4000",
+    "rollback": "--workers 2,3 --cycles 2 --rps 20 --events 4000 --renewals 3",
     "impact": "--rows 20000",
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
     "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
@@ -54,7 +54,8 @@ COMMANDS: dict[str, str] = {
     "attribution": "--requests 1500 --train-events 4000 --calibration-runs 3",
     # two worker kills and the logging cost; no release kills: each needs a deployed stack and
     # two trained releases (minutes), and test_deployments_e2e already loses a release's host
-    "chaos": "--worker-kills 2 --release-kills 0 --events 6000 --logging-rounds 1 --logging-seconds 1",
+    "chaos": "--worker-kills 2 --ingester-kill-every 1 --connections 4 --binary-connections 1 "
+    "--binary-depth 4 --release-kills 0 --events 6000 --logging-rounds 1 --logging-seconds 1",
 }
 
 
@@ -172,9 +173,16 @@ def test_bench_serving_measures_every_scenario(runs):
 def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):
     figures = runs["rollback"].finish()
     assert set(figures["rollback_ms_p95_by_workers"]) == {"2", "3"}
-    for size in figures["by_workers"].values():
-        assert size["cycles"] == 1 and size["rollback_ms_p50"] > 0
+    for size in figures["by_workers"].values():  # one cycle on a warm pool, one on a cold one
+        assert size["cycles"] == 2 and size["warm_pool_cycles"] == size["cold_pool_cycles"] == 1
+        assert size["rollback_ms_p50"] > 0 and size["renewal"]["renewal_ms_p50"] > 0
         assert size["requests_total"] > 0 and size["requests_failed_during_rollback"] == 0
+    assert [row["lease_s"] for row in figures["lease_cost_at_workers"]["by_lease"]] == [
+        15.0,
+        30.0,
+        60.0,
+        90.0,
+    ]
 
 
 def test_bench_impact_builds_the_report(runs):
@@ -228,6 +236,10 @@ def test_bench_chaos_kills_workers_and_finds_a_row_for_every_answered_request(ru
     figures = runs["chaos"].finish()
     assert figures["worker_kills"] == 2 and figures["answered"] > 0
     assert figures["rows_lost"] == 0 and figures["rows_duplicated"] == 0
+    # an ingester ran throughout and was killed under load each time; both transports answered
+    assert figures["concurrent_ingestion"] and figures["ingester_kills"] == 2
+    assert figures["transports"] == ["binary", "http"]
+    assert all(t["answered"] > 0 for t in figures["by_transport"].values())
     assert figures["rows_logged"] >= figures["answered"]
     assert figures["worker_nolog_rps"] > 0 and figures["logging_cost"] is not None
 

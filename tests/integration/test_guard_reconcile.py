@@ -98,6 +98,8 @@ def test_orphaned_canary_and_a_wrong_stable_are_repaired_with_no_failed_request(
         (stable, None, None),
         (stable, None, None),
     ]
+    # each worker was told why its canary went, and counts it
+    assert [w.state["canary_removals"] for w in after] == [{"orphaned": 1}, {"operator": 1}]
     assert statuses and set(statuses) == {200}, f"{len(statuses)} requests: {set(statuses)}"
     # the dead release's own record says what became of its canary
     client = logstore.connect(settings.resolved_clickhouse_dsn)
@@ -138,7 +140,8 @@ def test_a_crashing_release_takes_out_only_its_own_canary_in_its_hook(fleet, mon
     assert {(w.stable_version, w.canary_version) for w in after} == {(stable, None)}
     events = events_of_release(logstore.connect(settings.resolved_clickhouse_dsn), str(run.id))
     crashed = [e for e in events if e.kind == "crashed"]
-    assert [e.verdict for e in crashed] == ["done"]
+    assert [(e.verdict, e.details["reason"]) for e in crashed] == [("done", "release_ended")]
+    assert {w.state["canary_removals"].get("release_ended") for w in after} == {1}
     assert (
         "ended CRASHED (SIGTERM)" in crashed[0].reason and "champion unchanged" in crashed[0].reason
     )

@@ -15,8 +15,17 @@ from typing import Any, cast
 import pytest
 
 from relay.settings import Settings
+from relay.types import CanaryRemoval
 from serving.metrics import ServingMetrics
-from serving.routing import BASELINE, CANARY, STABLE, CanaryLease, RoutingTable, grant_lease
+from serving.routing import (
+    BASELINE,
+    CANARY,
+    STABLE,
+    CanaryLease,
+    RoutingTable,
+    check_removal_reason,
+    grant_lease,
+)
 from serving.schema import RequestRejected
 from serving.worker import Served, Worker
 
@@ -281,3 +290,37 @@ def test_workers_expire_independently_each_on_its_own_clock() -> None:
         assert workers[1].expire_lease() and workers[1].table.canary_weight == 0
 
     run(scenario)
+
+
+# -- the worker's one way to take a canary out -------------------------------------------------------
+
+
+def test_every_way_a_canary_leaves_a_worker_goes_through_one_function_that_counts_its_reason() -> (
+    None
+):
+    clock = Clock()
+    worker = worker_with_canary(clock)
+
+    async def scenario() -> None:
+        await worker.set_weight(10, lease_s=5)
+        clock.now += 6
+        assert worker.expire_lease()  # the watchdog's path: weight 0, every model still loaded
+        assert worker.table.canary is not None and worker.table.baseline is not None
+        state = await worker.rollback(CanaryRemoval.orphaned)  # the guard's path: unloaded
+        assert state["canary_removals"] == {"lease_expired": 1, "orphaned": 1}
+        assert state["slots"][CANARY] is None and state["slots"][BASELINE] is None
+        state = await worker.rollback(CanaryRemoval.verdict)  # nothing left: not counted
+        assert state["canary_removals"] == {"lease_expired": 1, "orphaned": 1}
+        assert worker.lease_expirations == 1
+
+    run(scenario)
+
+
+def test_a_removal_reason_a_caller_may_not_give_is_refused_by_name() -> None:
+    assert check_removal_reason("verdict") is CanaryRemoval.verdict
+    for bad in ("lease_expired", "because", 3, None):
+        with pytest.raises(RequestRejected) as info:
+            check_removal_reason(bad)
+        assert info.value.code == "bad_reason" and info.value.status == 400
+        allowed = "verdict, release_ended, orphaned, champion_rollback, operator, got"
+        assert info.value.detail.startswith(f"reason must be one of {allowed}")
