@@ -37,22 +37,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from logstore.stage_samples import STAGE_COLUMNS
+
 TARGET = "latency_ms"
-NODES = (  # topological order: the columns of a population, the target last
-    "load_rps",
-    "rows",
-    "ahead_rows",
-    "input_bytes",
-    "ahead_input_bytes",
-    "batch_size",
-    "preprocess_ms",
-    "compute_ms",
-    "ahead_preprocess_ms",
-    "ahead_compute_ms",
-    "queue_ms",
-    "postprocess_ms",
-    TARGET,
-)
+# Topological order: the columns the sampling query returns (logstore.stage_samples), target last.
+NODES = STAGE_COLUMNS
 PARENTS: dict[str, tuple[str, ...]] = {
     "load_rps": (),
     "rows": (),
