@@ -284,10 +284,12 @@ def test_on_call_starts_the_first_release_as_a_custom_run_from_the_ui_and_it_bec
     page.locator(".p-label").filter(has=page.get_by_text("Run Name", exact=True)).get_by_role(
         "textbox"
     ).fill(run_name)
-    epochs = parameter(page, "epochs").locator("input")
+    # The training knobs are one typed parameter; the form nests its fields under their titles
+    # (the nested property is the last of the properties whose text holds the label).
+    epochs = labelled(page, "Epochs (Optional)").last.locator("input")
     expect(epochs).to_have_value("2")  # prefect.yaml's default is shown and editable
     epochs.fill("3")
-    parameter(page, "batch_size").locator("input").fill("512")
+    labelled(page, "Batch Size (Optional)").last.locator("input").fill("512")
     parameter(page, "actor").get_by_role("textbox").fill("on-call (UI test)")
     impact = parameter(page, "impact_report_after").get_by_role("switch")
     expect(impact).to_have_attribute("aria-checked", "true")
