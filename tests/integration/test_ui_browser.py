@@ -449,8 +449,8 @@ def test_on_call_finds_the_release_that_planted_drift_started_on_the_deployment_
     (stack.home / "shop" / "drift.json").write_text('{"kind": "device_mix", "magnitude": 0.5}')
     stack.start_shop(rate_rps=40, shop=SHOP)
     try:  # serving while drift-watch runs: its window is always drifted traffic
-        before = fleet_answered(stack)
-        wait_until(lambda: fleet_answered(stack) >= before + 400, 90, "drifted feeds")
+        answered = fleet_answered(stack)  # not `before`: that names the release runs before
+        wait_until(lambda: fleet_answered(stack) >= answered + 400, 90, "drifted feeds")
         watch = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
     finally:
         stack.stop_shop()
