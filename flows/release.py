@@ -184,10 +184,18 @@ def retrain_and_release(
             deploy_canary(settings, release, baseline=stable, weight=0)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
+                planned = plan.step(weight)  # a guard step, or a longer last one, at thin traffic
                 step = analyse_canary_step(
-                    settings, release, stable, weight, gate, analysis_window_s
+                    settings,
+                    release,
+                    stable,
+                    weight,
+                    gate,
+                    analysis_window_s,
+                    planned.length(gate) if planned is not None else None,
                 )
-                if step.verdict is Verdict.inconclusive:
+                # inconclusive, or invalid (a skewed split): hold the weight, a person decides
+                if step.verdict in (Verdict.inconclusive, Verdict.invalid):
                     answer = ask_a_person(
                         CanaryDecision,
                         f"Canary {release.version} at {weight}%: {step.reason}. Promote or roll back?",

@@ -80,7 +80,8 @@ SELECT
     totals.q[2],
     totals.q[3],
     users.clusters, users.aa, users.ss, users.a_s, users.rr, users.ee, users.re,
-    seconds.clusters, seconds.aa, seconds.ss, seconds.a_s, seconds.rr, seconds.ee, seconds.re
+    seconds.clusters, seconds.aa, seconds.ss, seconds.a_s, seconds.rr, seconds.ee, seconds.re,
+    totals.q[4], totals.q[5], totals.q[6], totals.q[7]
 FROM
 (
     SELECT
@@ -91,7 +92,7 @@ FROM
         toFloat64(countIf(status >= 500)) AS errors,
         sumIf(log(greatest(latency_ms, 0.001)), status < 400) AS log_sum,
         sumIf(pow(log(greatest(latency_ms, 0.001)), 2), status < 400) AS log_sq,
-        quantilesIf(0.5, 0.95, 0.99)(latency_ms, status < 400) AS q
+        quantilesExactIf(0.5, 0.95, 0.99, 0.93, 0.97, 0.985, 0.995)(latency_ms, status < 400) AS q
     FROM inference_logs
     WHERE ts >= {{start:DateTime64(3, 'UTC')}} AND ts < {{end:DateTime64(3, 'UTC')}}
       AND slot IN {{slots:Array(String)}}
@@ -202,6 +203,11 @@ class CohortSums:
     p99_ms: float
     by_user: ClusterSums
     by_second: ClusterSums
+    # the quantiles' neighbours, for their variance (core.gate.quantile): Q(.93), Q(.97) ...
+    q93_ms: float = float("nan")
+    q97_ms: float = float("nan")
+    q985_ms: float = float("nan")  # ... and Q(.985), Q(.995)
+    q995_ms: float = float("nan")
 
     @property
     def users(self) -> int:
@@ -309,6 +315,10 @@ def _cohort(row: Sequence[Any]) -> CohortSums:
         p99,
         by_user=clusters(numbers[8:15]),
         by_second=clusters(numbers[15:22]),
+        q93_ms=float(numbers[22]),
+        q97_ms=float(numbers[23]),
+        q985_ms=float(numbers[24]),
+        q995_ms=float(numbers[25]),
     )
 
 
@@ -378,9 +388,7 @@ def cohort_sums_of(
             float(r @ e),
         )
 
-    p50, p95, p99 = (
-        np.quantile(latency_ms[ok], [0.5, 0.95, 0.99]) if ok.any() else (np.nan, np.nan, np.nan)
-    )
+    q = exact_quantiles(latency_ms[ok], QUANTILE_LEVELS)
     return CohortSums(
         slot,
         model_version,
@@ -389,12 +397,28 @@ def cohort_sums_of(
         errors=float(failed.sum()),
         log_sum=float(logs.sum()),
         log_sq=float((logs * logs).sum()),
-        p50_ms=float(p50),
-        p95_ms=float(p95),
-        p99_ms=float(p99),
+        p50_ms=q[0],
+        p95_ms=q[1],
+        p99_ms=q[2],
         by_user=clustered(user_ids),
         by_second=clustered(np.floor(ts)),
+        q93_ms=q[3],
+        q97_ms=q[4],
+        q985_ms=q[5],
+        q995_ms=q[6],
     )
+
+
+QUANTILE_LEVELS = (0.5, 0.95, 0.99, 0.93, 0.97, 0.985, 0.995)  # as _COHORT_SQL asks for them
+
+
+def exact_quantiles(values: np.ndarray, levels: Sequence[float]) -> list[float]:
+    """ClickHouse's quantileExact: the sorted value at index floor(level * n), NaN when empty."""
+    if len(values) == 0:
+        return [float("nan")] * len(levels)
+    ordered = np.sort(values)
+    n = len(ordered)
+    return [float(ordered[min(int(level * n), n - 1)]) for level in levels]
 
 
 def paired_seconds_of(

@@ -25,12 +25,18 @@ class Stored(BaseModel):
 
 
 class Verdict(StrEnum):
-    """What a gate decided. Only `passed` lets a release continue."""
+    """What a gate decided. Only `passed` lets a release continue.
+
+    `invalid`: the evidence itself is biased (the canary split does not match its weights), so
+    it may decide nothing: the weights hold and a person is asked, never an automatic promotion
+    or rollback.
+    """
 
     passed = "passed"
     failed = "failed"
     inconclusive = "inconclusive"
     error = "error"
+    invalid = "invalid"
 
 
 class GateResult(Stored):

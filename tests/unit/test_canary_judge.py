@@ -58,12 +58,18 @@ def judge(canary: CohortSums, baseline: CohortSums, rules: CanaryRules = RULES):
 
 def test_equal_canary_with_enough_traffic_passes_and_says_why() -> None:
     rng = np.random.default_rng(1)
-    gate, evidence = judge(cohort("canary", rng, 3000), cohort("baseline", rng, 3000))
+    canary, baseline = (
+        cohort("canary", rng, 12_000, users=2000),
+        cohort("baseline", rng, 12_000, users=2000),
+    )
+    gate, evidence = judge(canary, baseline)
     assert gate.verdict is Verdict.passed, gate.reason
     assert "no regression beyond tolerance" in gate.reason and "always-valid 95%" in gate.reason
     m = gate.measurements
     assert m["latency_ratio_low"] < 1.0 < m["latency_ratio_high"] < m["latency_tolerance_ratio"]
-    assert m["canary_requests"] == 3000 and m["look"] == 1 and evidence.looks == 1
+    assert m["p95_ratio_low"] < 1.0 < m["p95_ratio_high"] < m["latency_tolerance_ratio"]
+    assert "P95 ratio" in gate.reason
+    assert m["canary_requests"] == 12_000 and m["look"] == 1 and evidence.looks == 1
     assert "mSPRT" in gate.method and "per-user" in gate.method and "per-second" in gate.method
 
 
@@ -271,17 +277,33 @@ def test_bad_rules_are_refused_naming_the_field(field: str, value: float) -> Non
 def test_plan_says_how_many_windows_each_step_needs_and_when_it_cannot() -> None:
     rng = np.random.default_rng(13)
     recent = cohort("stable", rng, 5000, users=2000)
-    plan = plan_canary(recent, 200.0, [5, 25, 50], 20.0, RULES)
+    plan = plan_canary(recent, 500.0, [5, 25, 50], 20.0, RULES)
     windows = [s.windows for s in plan.steps]
     assert plan.reachable and all(w is not None for w in windows)
-    assert windows[0] >= windows[1] >= windows[2]  # more share, fewer windows
-    assert plan.summary.startswith("5 %: ~") and "minutes" in plan.summary
+    assert windows[1] >= windows[2]  # more share, fewer windows
+    assert plan.summary.startswith("5 %: guard step") and "minutes" in plan.summary
+    assert [s.guard for s in plan.steps] == [True, False, False]
     quiet = plan_canary(recent, 2.0, [5, 25, 50], 20.0, RULES)
     assert not quiet.reachable and "5 %: not within 10 windows" in quiet.summary
+    assert "50 %: not within 40 windows" in quiet.summary  # the last step may run longer
     unknown = plan_canary(None, 2.0, [5], 20.0, RULES)
     assert unknown.reachable and "no recent traffic of the champion" in unknown.summary
     brief = plan_canary(recent, 2.0, [50], 1.0, RULES)  # 1 s windows: seconds, not 0.0 minutes
-    assert brief.summary.endswith("about 10 s") or "about 10 s;" in brief.summary
+    assert brief.summary.endswith("about 40 s") or "about 40 s;" in brief.summary
+
+
+def test_plan_at_30_requests_a_second_guards_the_thin_steps_and_lengthens_the_last() -> None:
+    """At 30 req/s no step can show the P95 within tolerance in 10 windows: the plan does not
+    ask a person for that; the early steps guard against harm and the last one runs longer."""
+    rng = np.random.default_rng(14)
+    recent = cohort("stable", rng, 5000, users=2000)
+    plan = plan_canary(recent, 30.0, [5, 25, 50], 20.0, RULES)
+    first, second, last = plan.steps
+    assert plan.reachable and first.guard and second.guard and not last.guard
+    assert first.windows * first.requests_per_window >= RULES.min_requests
+    assert last.windows is not None and RULES.max_windows < last.windows <= RULES.plan_max_windows
+    assert last.length(RULES).windows == RULES.plan_max_windows and not last.length(RULES).guard
+    assert "guard step" in plan.summary and "harm only" in plan.summary
 
 
 # -- the step loop, with fake windows, log store and fleet ---------------------------------
@@ -381,8 +403,8 @@ def clicks_of(
 def judge_with_clicks(canary_ctr: float, baseline_ctr: float, users: int, seed: int):
     rng = np.random.default_rng(seed)
     figures = StepFigures(
-        cohort("canary", rng, 3000),
-        cohort("baseline", rng, 3000),
+        cohort("canary", rng, 12_000, users=2000),  # enough for the P95's interval too
+        cohort("baseline", rng, 12_000, users=2000),
         clicks_canary=clicks_of("canary", rng, users, canary_ctr),
         clicks_baseline=clicks_of("baseline", rng, users, baseline_ctr),
     )
@@ -418,8 +440,8 @@ def test_a_small_click_loss_within_tolerance_is_not_a_failure() -> None:
 def test_too_few_impressions_leaves_clicks_unjudged_and_says_so() -> None:
     rng = np.random.default_rng(24)
     figures = StepFigures(
-        cohort("canary", rng, 3000),
-        cohort("baseline", rng, 3000),
+        cohort("canary", rng, 12_000, users=2000),  # enough for the P95's interval too
+        cohort("baseline", rng, 12_000, users=2000),
         clicks_canary=clicks_of("canary", rng, 30, 0.01, impressions_per_user=10),
         clicks_baseline=clicks_of("baseline", rng, 30, 0.05, impressions_per_user=10),
     )
@@ -489,8 +511,8 @@ def test_a_canary_whose_clicks_stop_altogether_fails() -> None:
     baseline = clicks_of("baseline", rng, 800, 0.05)
     silent = ClickSums("canary", "v2", 800, baseline.impressions, 0.0, baseline.nn, 0.0, 0.0)
     figures = StepFigures(
-        cohort("canary", rng, 3000),
-        cohort("baseline", rng, 3000),
+        cohort("canary", rng, 12_000, users=2000),  # enough for the P95's interval too
+        cohort("baseline", rng, 12_000, users=2000),
         clicks_canary=silent,
         clicks_baseline=baseline,
     )
@@ -544,7 +566,7 @@ def test_plan_waits_for_the_errors_interval_too_not_just_latency() -> None:
     assert windows_needed(per_request, 240, tolerance, latency_only) == 1
     both = windows_needed(per_request, 240, tolerance, RULES)
     assert both is not None and both >= 4  # ~1,000 requests per cohort for +-0.5 pt
-    plan = plan_canary(recent, 40.0, [10, 50], 15.0, RULES)  # 60 requests a window at 10 %
+    plan = plan_canary(recent, 10.0, [10, 50], 15.0, RULES)  # 15 requests a window at 10 %
     assert not plan.reachable and "10 %: not within 10 windows" in plan.summary
     assert "+0.5 pt in errors" in plan.summary and "5xx 0.00%" in plan.basis
     # and the judge agrees: equal cohorts of 400 requests each, no errors, do not pass yet

@@ -1,0 +1,113 @@
+"""The canary gate's rules: when a step passes, fails, needs a person or is `invalid`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
+
+MIN_USERS = 20  # fewer users than this and the per-user variance estimate is itself noise
+
+
+@dataclass(frozen=True)
+class CanaryRules:
+    """When a canary step passes, fails or needs a person. The one home of these defaults."""
+
+    # The Field bounds are __post_init__'s checks as the run form and the API state them, so a
+    # bad value is refused before a flow run exists; __post_init__ still guards direct use.
+
+    max_p95_ms: Annotated[float, Field(gt=0)] = 300.0  # absolute SLOs, on the canary alone
+    max_error_rate: Annotated[float, Field(gt=0, le=1)] = 0.01
+    confidence: Annotated[float, Field(gt=0.5, lt=1)] = (
+        0.95  # of the always-valid intervals, across every look of a step
+    )
+    tolerance_pct: Annotated[float, Field(ge=0, le=1000)] = (
+        10.0  # practical tolerance: +10 % of the baseline's P95 ...
+    )
+    tolerance_ms: Annotated[float, Field(ge=0, le=60_000)] = (
+        5.0  # ... or +5 ms, whichever is larger
+    )
+    error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = (
+        0.5  # errors: +0.5 percentage points over the baseline
+    )
+    min_requests: Annotated[int, Field(ge=1)] = 200  # per cohort over the step before any verdict
+    max_windows: Annotated[int, Field(ge=1, le=100)] = (
+        10  # per step; still undecided then -> inconclusive, a person decides
+    )
+    consecutive_error_limit: Annotated[int, Field(ge=1)] = (
+        4  # failed log queries in a row before `error`
+    )
+    ctr_tolerance_pct: Annotated[float, Field(gt=0, lt=100)] = (
+        10.0  # clicks: a canary losing more than 10 % of them fails
+    )
+    min_impressions: Annotated[int, Field(ge=1)] = (
+        2_000  # per cohort, over the canary so far, before clicks are judged
+    )
+    power: Annotated[float, Field(gt=0, lt=1)] = (
+        0.8  # what the plan aims for: a canary equal to its baseline passes
+    )
+    p99_min_requests: Annotated[int, Field(ge=100)] = (
+        2_000  # per cohort before the P99 is tested too (20 rows above it)
+    )
+    srm_p: Annotated[float, Field(gt=0, lt=0.5)] = (
+        0.001  # the split itself: an always-valid p below this -> `invalid`
+    )
+    plan_max_windows: Annotated[int, Field(ge=1)] = (
+        40  # the longest the plan may make a thin last step (40 windows)
+    )
+
+    def __post_init__(self) -> None:
+        checks = {
+            "confidence": 0.5 < self.confidence < 1,
+            "tolerance_pct": self.tolerance_pct >= 0,
+            "tolerance_ms": self.tolerance_ms >= 0,
+            "error_tolerance_pt": self.error_tolerance_pt >= 0,
+            "max_windows": self.max_windows >= 1,
+            "min_requests": self.min_requests >= 1,
+            "max_p95_ms": self.max_p95_ms > 0,
+            "max_error_rate": 0 < self.max_error_rate <= 1,
+            "consecutive_error_limit": self.consecutive_error_limit >= 1,
+            "power": 0 < self.power < 1,
+            "ctr_tolerance_pct": 0 < self.ctr_tolerance_pct < 100,
+            "min_impressions": self.min_impressions >= 1,
+            "p99_min_requests": self.p99_min_requests >= 100,
+            "srm_p": 0 < self.srm_p < 0.5,
+            "plan_max_windows": self.plan_max_windows >= 1,
+        }
+        bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid canary rules: {', '.join(bad)}")
+        if self.tolerance_pct == 0 and self.tolerance_ms == 0:
+            raise ValueError("invalid canary rules: tolerance_pct and tolerance_ms are both 0")
+
+    @property
+    def alpha(self) -> float:
+        return 1 - self.confidence
+
+    def latency_tolerance(self, baseline_p95_ms: float) -> float:
+        """The largest canary/baseline latency ratio that is not a regression."""
+        relative = self.tolerance_ms / baseline_p95_ms if baseline_p95_ms > 0 else math.inf
+        return 1 + max(self.tolerance_pct / 100, relative)
+
+    @property
+    def ctr_tolerance(self) -> float:
+        """The lowest canary/baseline click-through ratio that is not a loss."""
+        return 1 - self.ctr_tolerance_pct / 100
+
+    def thresholds(self) -> dict[str, float]:
+        return {
+            "max_p95_ms": self.max_p95_ms,
+            "max_error_rate": self.max_error_rate,
+            "confidence": self.confidence,
+            "tolerance_pct": self.tolerance_pct,
+            "tolerance_ms": self.tolerance_ms,
+            "error_tolerance_pt": self.error_tolerance_pt,
+            "min_requests": float(self.min_requests),
+            "max_windows": float(self.max_windows),
+            "ctr_tolerance_pct": self.ctr_tolerance_pct,
+            "min_impressions": float(self.min_impressions),
+            "p99_min_requests": float(self.p99_min_requests),
+            "srm_p": self.srm_p,
+        }
