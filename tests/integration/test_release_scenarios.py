@@ -425,8 +425,10 @@ def test_a_skewed_split_is_held_as_invalid_and_a_person_decides(fleet, shop):
         stop.set()
         skewer.join(timeout=10)
     resumer.join(timeout=5)
-    assert summary.outcome == "rolled_back" and "split is skewed" in summary.reason
     events = kinds(summary)
+    assert summary.outcome == "rolled_back" and "split is skewed" in summary.reason, [
+        (e.verdict, e.reason) for kind in ("canary_plan", "slo_window", "decision") for e in events.get(kind, [])
+    ]
     invalid = [e for e in events["slo_window"] if e.verdict == "invalid"]
     assert invalid, [e.reason for e in events["slo_window"]]
     assert invalid[0].reason.startswith("sample-ratio mismatch at 50 %: canary ")
