@@ -268,14 +268,15 @@ class RequestRate:
 
 
 def query_request_rate(client: Client, start: datetime, end: datetime) -> RequestRate:
-    """Requests (every slot) in [start, end), over the span from the first of them to `end`.
+    """Requests (every slot but a load test's) in [start, end), over the span from the first of them to `end`.
 
     Traffic that began inside the lookback (a shop started a minute ago) is measured over the
     minute it has run, not diluted over the whole lookback.
     """
     count, first = client.query(
         "SELECT count(), min(ts) FROM inference_logs "
-        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}",
+        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
+        "AND slot != 'loadtest'",  # a capacity check's load is not the fleet's traffic
         parameters={"start": start, "end": end},
     ).result_rows[0]
     if not count:
