@@ -4,7 +4,9 @@ Before any user sees the candidate, one worker is driven at a ladder of offered 
 and candidate alternating in short rounds (tasks/capacity.py), so drift in the host's load falls
 on both alike. This module turns those rounds into a verdict and says nothing about I/O.
 
-Method. Per version and offered rate, the rounds' latencies are pooled and their P95 taken
+Method. A bracketing ladder (the fleet's peak, doubling, one champion/candidate pair per rate)
+stops once both versions miss the SLO; then `refine_rates` rates inside the bracket (from the
+highest rate both held to the first either missed) get `pairs_per_rate` pairs each. Per version and offered rate, the rounds' latencies are pooled and their P95 taken
 (exact empirical quantile over every request scheduled in the rounds, answered late or not: an
 unanswered one counts as over the SLO). A rate "holds the SLO" when that P95 is within it and the
 error share within the limit. The throughput at the SLO is the highest offered rate that holds,
@@ -43,32 +45,36 @@ class CapacityRules:
     tolerance_pct: Annotated[float, Field(gt=0, lt=100)] = (
         10.0  # candidate's throughput at the SLO more than 10 % below the champion's -> failed
     )
-    rate_multipliers: tuple[float, ...] = (
-        1.0,
-        2.0,
-        4.0,
-        8.0,
-        16.0,
-    )  # offered rates: the fleet's peak times these (up to and past it)
+    rate_growth: Annotated[float, Field(gt=1, le=10)] = 2.0  # the bracketing ladder: peak x 2^k
+    refine_rates: Annotated[int, Field(ge=0, le=10)] = 3  # then this many rates inside the bracket
     max_rate_rps: Annotated[float, Field(gt=0)] = 4000.0  # no offered rate above this
-    round_s: Annotated[float, Field(gt=0, le=30)] = 1.0  # one round: one version at one rate
+    # one round: one version at one rate; every round the same length, so the curves compare
+    round_s: Annotated[float, Field(gt=0, le=30)] = 0.75
     pairs_per_rate: Annotated[int, Field(ge=1, le=10)] = 2  # champion/candidate pairs per rate
     wall_budget_s: Annotated[float, Field(gt=0, le=600)] = 120.0  # the whole check, hard
     max_error_rate: Annotated[float, Field(ge=0, lt=1)] = 0.01  # more errors: the rate fails
     connections: Annotated[int, Field(ge=1, le=256)] = 32  # load-test connections to the worker
+    floor_rps: Annotated[float, Field(gt=0)] = 20.0  # the peak per worker when there is no history
+    history_days: Annotated[float, Field(gt=0, le=90)] = 7.0  # where the fleet's peak is read
 
     def __post_init__(self) -> None:
-        if not self.rate_multipliers or any(m <= 0 for m in self.rate_multipliers):
-            raise ValueError(f"rate_multipliers must be positive, got {self.rate_multipliers!r}")
+        if not self.rate_growth > 1:
+            raise ValueError(f"rate_growth must be above 1, got {self.rate_growth!r}")
         if not 0 < self.tolerance_pct < 100:
             raise ValueError(f"tolerance_pct must be in (0, 100), got {self.tolerance_pct!r}")
 
-    def offered_rates(self, peak_rps: float) -> list[float]:
-        """The ladder of offered rates for a fleet whose peak is `peak_rps`, rising, capped."""
-        rates = sorted(
-            {round(min(peak_rps * m, self.max_rate_rps), 1) for m in self.rate_multipliers}
-        )
-        return [r for r in rates if r > 0]
+    def bracket_rates(self, peak_rps: float) -> list[float]:
+        """The bracketing ladder: the fleet's peak, then x rate_growth each step, up to the cap."""
+        rates, rate = [], peak_rps
+        while rate < self.max_rate_rps:
+            rates.append(round(rate, 1))
+            rate *= self.rate_growth
+        return [*rates, self.max_rate_rps]
+
+    def refined_rates(self, held_rps: float, missed_rps: float) -> list[float]:
+        """`refine_rates` rates evenly inside (held, missed): where the SLO crossing lies."""
+        step = (missed_rps - held_rps) / (self.refine_rates + 1)
+        return [round(held_rps + step * (k + 1), 1) for k in range(self.refine_rates)]
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,33 @@ def throughput_at_slo(
     return Throughput(low.offered_rps + share * (high.offered_rps - low.offered_rps))
 
 
+def ladder_done(
+    rounds: Sequence[Round], rate: float, slo_p95_ms: float, rules: CapacityRules
+) -> bool:
+    """Whether both versions missed the SLO at `rate`: higher rates can tell nothing more."""
+    at = [r for r in rounds if r.offered_rps == rate]
+    points = [p for v in (CHAMPION, CANDIDATE) for p in curve(at, v)]
+    return len(points) == 2 and not any(p.holds(slo_p95_ms, rules.max_error_rate) for p in points)
+
+
+def bracket(
+    rounds: Sequence[Round], slo_p95_ms: float, rules: CapacityRules
+) -> tuple[float, float] | None:
+    """(highest rate both versions held, lowest rate either missed) of the ladder so far, if any."""
+    rates = sorted({r.offered_rps for r in rounds})
+    for low, high in zip(rates, rates[1:], strict=False):
+        at = [r for r in rounds if r.offered_rps == high]
+        points = [p for v in (CHAMPION, CANDIDATE) for p in curve(at, v)]
+        if not all(p.holds(slo_p95_ms, rules.max_error_rate) for p in points):
+            return low, high
+    return None
+
+
+def round_order(pair: int) -> tuple[str, str]:
+    """Champion first on even pairs, candidate first on odd ones (ABBA: a linear drift cancels)."""
+    return (CHAMPION, CANDIDATE) if pair % 2 == 0 else (CANDIDATE, CHAMPION)
+
+
 def p95_at(points: Sequence[CurvePoint], rate: float) -> float:
     """The P95 at the offered rate nearest `rate` (the ladder starts at the fleet's peak)."""
     if not points:
@@ -189,19 +222,8 @@ def judge_capacity(
         )
     t_champ = throughput_at_slo(champ, slo_p95_ms, rules.max_error_rate)
     t_cand = throughput_at_slo(cand, slo_p95_ms, rules.max_error_rate)
-    measured = {
-        "champion_throughput_rps": t_champ.rps,
-        "candidate_throughput_rps": t_cand.rps,
-        "champion_p95_at_peak_ms": p95_at(champ, peak_rps),
-        "candidate_p95_at_peak_ms": p95_at(cand, peak_rps),
-        "requests": float(sum(p.requests for p in champ + cand)),
-        "rounds": float(len(rounds)),
-    }
-    figures = (
-        f"throughput at P95 <= {slo_p95_ms:g} ms: candidate {t_cand}, champion {t_champ}; "
-        f"P95 at the peak {peak_rps:.0f} req/s: candidate {measured['candidate_p95_at_peak_ms']:.1f} ms, "
-        f"champion {measured['champion_p95_at_peak_ms']:.1f} ms"
-    )
+    measured, figures = _figures(champ, cand, t_champ, t_cand, peak_rps, slo_p95_ms)
+    measured["rounds"] = float(len(rounds))
     if t_champ.censored == "below":
         return verdict(
             Verdict.inconclusive,
@@ -229,3 +251,28 @@ def judge_capacity(
         shortfall_pct=shortfall,
         **measured,
     )
+
+
+def _figures(
+    champ: Sequence[CurvePoint],
+    cand: Sequence[CurvePoint],
+    t_champ: Throughput,
+    t_cand: Throughput,
+    peak_rps: float,
+    slo_p95_ms: float,
+) -> tuple[dict[str, float], str]:
+    """The verdict's measurements, and the sentence every reason ends with."""
+    measured = {
+        "champion_throughput_rps": t_champ.rps,
+        "candidate_throughput_rps": t_cand.rps,
+        "champion_p95_at_peak_ms": p95_at(champ, peak_rps),
+        "candidate_p95_at_peak_ms": p95_at(cand, peak_rps),
+        "requests": float(sum(p.requests for p in [*champ, *cand])),
+    }
+    figures = (
+        f"throughput at P95 <= {slo_p95_ms:g} ms: candidate {t_cand}, champion {t_champ}; "
+        f"P95 at the peak {peak_rps:.0f} req/s: "
+        f"candidate {measured['candidate_p95_at_peak_ms']:.1f} ms, "
+        f"champion {measured['champion_p95_at_peak_ms']:.1f} ms"
+    )
+    return measured, figures

@@ -12,6 +12,7 @@ from core.gate.capacity import (
     CHAMPION,
     CapacityRules,
     Round,
+    bracket,
     curve,
     judge_capacity,
     throughput_at_slo,
@@ -84,5 +85,13 @@ def test_no_rounds_or_a_fault_is_never_a_pass() -> None:
     assert faulted.verdict is Verdict.error and "worker unreachable" in faulted.reason
 
 
-def test_the_rate_ladder_starts_at_the_peak_and_is_capped() -> None:
-    assert CapacityRules(max_rate_rps=500).offered_rates(100.0) == [100.0, 200.0, 400.0, 500.0]
+def test_the_rate_ladder_starts_at_the_peak_doubles_and_is_capped() -> None:
+    rules = CapacityRules(max_rate_rps=500)
+    assert rules.bracket_rates(100.0) == [100.0, 200.0, 400.0, 500.0]
+    assert rules.refined_rates(400.0, 500.0) == [425.0, 450.0, 475.0]
+
+
+def test_the_bracket_is_where_either_version_first_misses_the_slo() -> None:
+    rounds = rounds_for(CHAMPION, 1000.0) + rounds_for(CANDIDATE, 300.0)
+    # the candidate: 400 req/s -> 105 ms, 800 -> 505 ms (missed); the champion holds at 800
+    assert bracket(rounds, SLO, CapacityRules()) == (400.0, 800.0)
