@@ -135,9 +135,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "capacity.json").write_text(json.dumps({**summary, "runs": rows}, indent=2) + "\n")
-    gate_path = out / "gate.json"
+    """`out` (capacity.json, one row per run), and the `capacity_check` key of gate.json beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**summary, "runs": rows}, indent=2) + "\n")
+    gate_path = out.with_name("gate.json")
     gate = json.loads(gate_path.read_text()) if gate_path.exists() else {}
     gate["capacity_check"] = {
         k: summary[k] for k in ("flag_rate_costlier", "flag_rate_twin", "wall_s_max")
@@ -156,7 +157,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per case")
     parser.add_argument("--quick", action="store_true", help="1 run per case (smoke test)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "capacity.json", help="gate.json is written beside it"
+    )
     args = parser.parse_args()
     runs = 1 if args.quick else args.runs
     rules = CapacityRules()
@@ -169,6 +172,8 @@ def main() -> None:
                 for case in ("costlier", "twin") if i % 2 == 0 else ("twin", "costlier"):
                     row = one_run(worker.http_url, case, rules)
                     rows.append(row)
+                    # after every run: a run cut short still leaves the figures so far
+                    write_results(summarise(rows), rows, args.out)
                     print(
                         f"{case:8s} {row['verdict']:12s} {row['wall_s']:6.1f} s  "
                         f"cand {row['candidate_throughput_rps']} champ "
