@@ -19,6 +19,7 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 from pydantic import Field
 
+from core.gate.capacity import CapacityRules
 from core.impact.types import ImpactOptions
 from flows.impact import impact_report
 from relay.settings import get_settings
@@ -32,6 +33,7 @@ from tasks.calibration import (
 from tasks.canary import (
     CanaryDecision,
     CanaryRejected,
+    CapacityRefused,
     PlanDecision,
     ask_a_person,
     canary_period,
@@ -47,6 +49,7 @@ from tasks.canary import (
 )
 from tasks.canary_analysis import CanaryRules, analyse_canary_step
 from tasks.canary_plan import plan_canary_steps
+from tasks.capacity import check_capacity
 from tasks.compilation import compile_engines
 from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
 from tasks.export import export_onnx
@@ -88,6 +91,7 @@ def retrain_and_release(
     training: TrainConfig = TrainConfig(),  # noqa: B008
     blessing: CalibrationThresholds = CalibrationThresholds(),  # noqa: B008
     gate: CanaryRules = CanaryRules(),  # noqa: B008
+    capacity: CapacityRules = CapacityRules(),  # noqa: B008
     impact: ImpactOptions = ImpactOptions(),  # noqa: B008
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
@@ -182,6 +186,12 @@ def retrain_and_release(
             txn.set("release", release)
             # load and warm the canary, and the stable version again as its baseline, everywhere
             deploy_canary(settings, release, baseline=stable, weight=0)
+            if (
+                capacity.enabled
+            ):  # before any user: a candidate that cannot take the peak is refused
+                checked = check_capacity(settings, release, gate.max_p95_ms, capacity)
+                if checked.verdict is not Verdict.passed:
+                    raise CapacityRefused(checked)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
                 planned = plan.step(weight)  # a guard step, or a longer last one, at thin traffic
@@ -210,6 +220,11 @@ def retrain_and_release(
             if decided:
                 reason = f"promoted to stable after the canary ({'; '.join(decided)})"
             promote_canary(settings, release, reason)
+    except CapacityRefused as refused:  # the deploy's hook took the canary out; nobody saw it
+        outcome, reason = (
+            ReleaseOutcome.refused,
+            f"refused by the capacity check: {refused.gate.reason}",
+        )
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
         # only now, with the canary out of traffic: why its latency regressed, if it did
@@ -218,7 +233,8 @@ def retrain_and_release(
 
     # canary vs baseline: the release's randomized effect, filed before the report shows it
     measure_release_experiment(settings, release, stable, outcome, return_state=True)
-    if impact_report_after:  # what the canary's latency cost, over the canary's own window
+    # what the canary's latency cost, over the canary's own window (a refused one had no users)
+    if impact_report_after and outcome is not ReleaseOutcome.refused:
         start, end = canary_period(settings, release)
         impact_report(
             start=start,

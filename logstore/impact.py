@@ -129,10 +129,11 @@ _COVERAGE_SQL = """
                WHERE ts >= {start:DateTime64(3, 'UTC')}
                  AND ts < {rows_end:DateTime64(3, 'UTC')})) AS sessions_without_requests,
         (SELECT count() FROM inference_logs
-         WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}) AS requests,
+         WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
+           AND slot != 'loadtest') AS requests,
         (SELECT count() FROM inference_logs
          WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')}
-           AND session_id NOT IN (
+           AND slot != 'loadtest' AND session_id NOT IN (
                SELECT session_id FROM user_sessions
                WHERE started_at >= {sessions_from:DateTime64(3, 'UTC')}
                  AND started_at < {end:DateTime64(3, 'UTC')})) AS requests_without_session,
@@ -143,8 +144,10 @@ _COVERAGE_SQL = """
                WHERE started_at >= {sessions_from:DateTime64(3, 'UTC')}
                  AND started_at < {end:DateTime64(3, 'UTC')})) AS unknown_session_ids
     """
+# A load test's rows (slot 'loadtest', the capacity check's) were shown to nobody.
 _VERSION_FILTER = (
     "(empty({versions:Array(String)}) OR has({versions:Array(String)}, model_version))"
+    " AND slot != 'loadtest'"
 )
 _LATENCY_PROFILE_SQL = (
     "SELECT model_version, toString(slot) AS slot, count() AS requests, "

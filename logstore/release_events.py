@@ -24,6 +24,7 @@ class EventKind(StrEnum):
     deploy = "deploy"  # the canary (or a first release) loaded on the fleet, or refused
     weight = "weight"  # the canary's share of users set
     canary_plan = "canary_plan"  # whether the steps can conclude in their windows
+    capacity = "capacity"  # the capacity check: candidate against champion under load, weight 0
     slo_window = "slo_window"  # one look of the canary gate
     decision = "decision"  # a person's answer to a paused release
     promote = "promote"

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from logstore.log_tables import FEEDBACK_EVENTS, impression_journal
 from logstore.spool import RequestLogWriter
+from serving.routing import LOAD_TEST
 from serving.schema import MAX_ID_CHARS, RAW_ORDER, RequestRejected, json_object
 
 _ITEM_ID_LIMIT = 2**64
@@ -199,15 +200,15 @@ class FeedbackLog:
     ) -> int:
         """Write a scored batch's impressions ahead as one record; the rows written.
 
-        Of requests that are sampled and whose scores are all finite (the others are answered
+        Of requests that are sampled, not a load test's, and whose scores are all finite (the others are answered
         with an error, so nothing was shown). Called on the engine thread, before any of the
         batch's answers is delivered.
         """
         counts = np.asarray(sizes, dtype=np.int64)
         finite = np.isfinite(scores)
         whole = np.logical_and.reduceat(finite, np.cumsum(counts) - counts)  # no empty request
-        keep = [
-            bool(ok) and sampled(r.request_id, self.sample_rate)
+        keep = [  # a load test's answers are shown to nobody
+            bool(ok) and r.slot != LOAD_TEST and sampled(r.request_id, self.sample_rate)
             for r, ok in zip(requests, whole, strict=True)
         ]
         if not any(keep):

@@ -34,6 +34,11 @@ STABLE = "stable"
 CANARY = "canary"
 BASELINE = "baseline"
 SLOTS = (STABLE, CANARY, BASELINE)
+# The slot value of a load test's log rows (a request pinned to a slot by an admin, see
+# serving/api/predict.py): never a routing slot, so no gate, drift, experiment or impact query
+# that selects stable, canary or baseline counts it, and it writes no impressions.
+LOAD_TEST = "loadtest"
+PINNABLE = (STABLE, CANARY)
 # Where a request's time goes (its inference_logs row splits latency into these).
 STAGES = ("queue", "preprocess", "compute", "postprocess")
 # "hold": the request is held after scoring and the time booked to `stage` (rehearses a slow
@@ -279,6 +284,15 @@ def perturbed(scores: np.ndarray, ranking: str, rng: np.random.Generator) -> np.
     order = np.argsort(-scores, kind="stable")
     out[order] = np.sort(scores, kind="stable")
     return out
+
+
+def check_pinned_slot(slot: object) -> str:
+    """The slot a load-test request is pinned to (400 unless stable or canary)."""
+    if slot not in PINNABLE:
+        raise RequestRejected(
+            "bad_slot", f"a load test pins one of {', '.join(PINNABLE)}, got {slot!r}"
+        )
+    return str(slot)
 
 
 def check_slot(slot: object) -> str:

@@ -38,6 +38,7 @@ from serving.feedback import FeedbackLog
 from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
+    LOAD_TEST,
     SLOTS,
     RoutingTable,
     check_slot,
@@ -109,9 +110,17 @@ class Worker(CanaryControl):
         return f"{self.worker_id}-{next(self._ids):x}"
 
     def submit(
-        self, ex: Exchange, request: PredictRequest, done: Callable[[Exchange], None]
+        self,
+        ex: Exchange,
+        request: PredictRequest,
+        done: Callable[[Exchange], None],
+        pinned: str | None = None,
     ) -> None:
-        """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered."""
+        """Route and queue a decoded request; `done(ex)` runs on the loop once it is answered.
+
+        `pinned` (stable or canary, an admin's load test) skips routing: the slot's model answers
+        whatever its weight, the row is logged as slot `loadtest`, and no impression is written.
+        """
         ex.request_id = request.request_id or self.next_request_id()
         ex.user_id, ex.session_id, ex.input_bytes, ex.rows = (
             request.user_id,
@@ -120,7 +129,12 @@ class Worker(CanaryControl):
             request.raw.shape[0],
         )
         table = self.table  # one read: this request sees one table, whatever changes meanwhile
-        route = table.route(request.user_id)
+        route = table.route(request.user_id) if pinned is None else self._pinned(table, pinned)
+        if pinned is not None and route is None and not self.draining:
+            ex.slot = LOAD_TEST
+            ex.reject(RequestRejected("empty_slot", f"no model is loaded in {pinned}", 409))
+            done(ex)
+            return
         if route is None or self.draining:
             reason = "the worker is shutting down" if self.draining else "no stable model yet"
             ex.reject(RequestRejected("not_ready", reason, 503))
@@ -133,12 +147,18 @@ class Worker(CanaryControl):
             done(ex)
             return
         slot, served = route
-        ex.slot, ex.version, ex.lineage_id = slot, served.model.version, served.model.lineage_id
+        ex.slot = slot if pinned is None else LOAD_TEST
+        ex.version, ex.lineage_id = served.model.version, served.model.lineage_id
         injection = table.injection(slot)
         ex.injection = injection if injection.holds else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
+
+    @staticmethod
+    def _pinned(table: RoutingTable[Served], slot: str) -> tuple[str, Served] | None:
+        served = table.model(slot)
+        return None if served is None else (slot, served)
 
     def log_behind(self) -> str | None:
         """Why the log path cannot take another request now (a writer is behind), or None."""

@@ -57,6 +57,10 @@ class CanaryRejected(GateFailed):
         self.gate = gate
 
 
+class CapacityRefused(CanaryRejected):
+    """The capacity check refused the candidate at weight 0: the deploy rolls back, no user saw it."""
+
+
 class CanaryDecision(RunInput):
     """What the on-call engineer decides when the evidence is inconclusive."""
 

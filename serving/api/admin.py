@@ -9,7 +9,6 @@ RELAY_SERVING_FAULT_INJECTION is true, so no production token can slow or scramb
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serving.api.predict import read_body
+from serving.api.predict import check_admin_token, read_body
 from serving.api.responses import json_response
 from serving.routing import check_removal_reason, check_slot
 from serving.schema import RequestRejected, json_object
@@ -116,7 +115,10 @@ def _handler(worker: Worker, name: str, op: AdminOp) -> Callable[[Request], Awai
         ) as span:
             ex.span = span
             try:
-                _authorise(request, settings.serving_admin_token.get_secret_value())
+                check_admin_token(
+                    request.headers.get("authorization"),
+                    settings.serving_admin_token.get_secret_value(),
+                )
                 body: dict[str, Any] = {}
                 if request.method == "POST":
                     raw = await read_body(
@@ -138,21 +140,6 @@ def _handler(worker: Worker, name: str, op: AdminOp) -> Callable[[Request], Awai
 
     handler.__name__ = f"admin_{name}"
     return handler
-
-
-def _authorise(request: Request, token: str) -> None:
-    if not token:
-        raise RequestRejected(
-            "admin_disabled", "the admin API is off: set RELAY_SERVING_ADMIN_TOKEN", 503
-        )
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    # compare_digest: the time taken does not reveal how much of a guess was right.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    ):
-        raise RequestRejected(
-            "unauthorized", "a valid 'Authorization: Bearer <token>' is required", 401
-        )
 
 
 def _traced(ex: Exchange) -> dict[str, str]:

@@ -6,20 +6,29 @@ matter (serving.schema) run on numpy arrays; no validation framework sits on the
 A request goes through three steps, each a method to extend: `decode` (body to a checked
 request), `answer` (routing, batching, the engine: `Worker.submit`), and `reply` (log row,
 then the response).
+
+A load test (the release's capacity check, tasks/capacity.py) pins a request to a slot with
+`X-Relay-Pin-Slot: stable|canary` and the admin bearer token: the candidate at weight 0 answers
+it, no user is routed differently, and its row is logged as slot `loadtest` (no impression).
+Without the header nothing here changes; with it, a missing or wrong token is a 401 and a bad
+slot a 400, each logged like any refused request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
 
+from serving.routing import LOAD_TEST, check_pinned_slot
 from serving.schema import PredictRequest, RequestRejected, decode_json
 from serving.worker import Exchange, Worker
 
 PREDICT_PATH = "/v1/predict"
+PIN_HEADER = "x-relay-pin-slot"  # a load test's slot; needs the admin token
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -57,6 +66,22 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def check_admin_token(authorization: str | None, token: str) -> None:
+    """Refuse (503 admin off, 401 otherwise) unless `authorization` is `Bearer <token>`."""
+    if not token:
+        raise RequestRejected(
+            "admin_disabled", "the admin API is off: set RELAY_SERVING_ADMIN_TOKEN", 503
+        )
+    scheme, _, given = (authorization or "").partition(" ")
+    # compare_digest: the time taken does not reveal how much of a guess was right.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    ):
+        raise RequestRejected(
+            "unauthorized", "a valid 'Authorization: Bearer <token>' is required", 401
+        )
+
+
 async def send_json(send: Send, status: int, body: bytes, traceparent: str = "") -> None:
     """A complete JSON response; with the request's `traceparent` echoed when it has one."""
     headers = [_JSON_HEADER, (b"content-length", str(len(body)).encode())]
@@ -78,14 +103,26 @@ class PredictEndpoint:
         ex = self.worker.exchange("http")
         ex.trace_from(header(scope, b"traceparent"))
         try:
+            pinned = self.pinned_slot(scope)
+            if pinned is not None:
+                ex.slot = LOAD_TEST
             request = await self.decode(ex, scope, receive)
         except RequestRejected as rejection:
             ex.request_id = self.worker.next_request_id()
             ex.reject(rejection)
             await self.reply(ex, send)
             return
-        await self.answer(ex, request)
+        await self.answer(ex, request, pinned)
         await self.reply(ex, send)
+
+    def pinned_slot(self, scope: Scope) -> str | None:
+        """The slot a load test pins (checked, admin token required), None for user traffic."""
+        pin = header(scope, PIN_HEADER.encode())
+        if pin is None:
+            return None
+        token = self.worker.settings.serving_admin_token.get_secret_value()
+        check_admin_token(header(scope, b"authorization"), token)
+        return check_pinned_slot(pin.strip())
 
     async def decode(self, ex: Exchange, scope: Scope, receive: Receive) -> PredictRequest:
         """The body as a checked request; RequestRejected says what is wrong with it."""
@@ -93,15 +130,17 @@ class PredictEndpoint:
         ex.input_bytes = len(body)
         return decode_json(body, self.max_candidates)
 
-    async def answer(self, ex: Exchange, request: PredictRequest) -> None:
-        """Route, batch and score the request; `ex` holds the outcome."""
+    async def answer(
+        self, ex: Exchange, request: PredictRequest, pinned: str | None = None
+    ) -> None:
+        """Route (or pin), batch and score the request; `ex` holds the outcome."""
         answered: asyncio.Future[Exchange] = asyncio.get_running_loop().create_future()
 
         def done(e: Exchange) -> None:
             if not answered.done():
                 answered.set_result(e)
 
-        self.worker.submit(ex, request, done)
+        self.worker.submit(ex, request, done, pinned)
         try:
             await answered
         except asyncio.CancelledError:

@@ -21,6 +21,10 @@ SMALL_RELEASE: dict[str, Any] = {
     "approval_timeout_s": 120,
     "impact_report_after": False,
     "tensorrt_wait_s": 0,
+    # The capacity check load-tests a worker for ~25 s of both cores; the scenarios that plant
+    # a slow canary would be refused there instead of reaching the gate they test. It runs in
+    # its own scenario (test_a_costlier_candidate_is_refused_by_the_capacity_check...).
+    "capacity": {"enabled": False},
 }
 
 # The rate the tests' shop process calls the fleet at (relay_testing.shop).

@@ -52,6 +52,7 @@ COMMANDS: dict[str, str] = {
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
     "drift": "--clean 4 --episodes 1 --episode-windows 2 --sizes 400 "
     "--reference-rows 4000 --cost-rows 2000",
+    "capacity": "--quick",  # one costlier and one twin check on a real worker (~80 s)
     "experiment": "--releases 3 --users 200 --rows-10m 20000",
     "attribution": "--requests 1500 --train-events 4000 --calibration-runs 3",
     # two worker kills and the logging cost; no release kills: each needs a deployed stack and
@@ -139,6 +140,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Smoke]:
 def test_every_bench_module_is_smoke_tested():
     modules = {p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__"}
     assert modules - set(COVERED_ELSEWHERE) == set(COMMANDS)
+
+
+def test_bench_capacity_runs_a_costlier_and_a_twin_check(runs):
+    figures = runs["capacity"].finish()
+    assert [r["case"] for r in figures["runs"]] == ["costlier", "twin"]
+    assert all(
+        r["verdict"] in ("passed", "failed", "inconclusive", "error") for r in figures["runs"]
+    )
+    assert figures["wall_s_max"] <= 120  # each check inside its hard budget
+    gate = json.loads(runs["capacity"].out.with_name("gate.json").read_text())
+    assert set(gate["capacity_check"]) >= {"flag_rate_costlier", "flag_rate_twin", "wall_s_max"}
 
 
 def test_bench_release_runs_the_flow_without_a_fleet(runs):

@@ -1,7 +1,7 @@
 """The release, end to end, with two real serving workers and the real log store.
 
 Scenarios: first release; a good candidate promoted against its baseline; a canary over the
-absolute SLO rolled back; a canary slower than its baseline but under the SLO rolled back by the
+absolute SLO rolled back; a costlier candidate refused by the capacity check before any user; a canary slower than its baseline but under the SLO rolled back by the
 relative comparison; a canary as fast as its baseline whose feeds lose clicks rolled back by
 the click-through check; a worker killed mid-canary; too little traffic paused for a person (twice:
 the plan, then the step); numerically broken candidates never deployed; the release guard
@@ -256,6 +256,30 @@ def test_good_candidate_is_blessed_canaried_and_promoted(fleet, shop):
     assert len(reports) == 1 and reports[0].finding
     assert_experiment_in_report_and_history(store, summary, summary_release_id(summary), reports[0])
     fleet.versions["v2"] = summary.version
+
+
+def test_a_costlier_candidate_is_refused_by_the_capacity_check_before_any_user(fleet, shop):
+    champion = open_store(get_settings()).get_alias("champion")
+    with FleetClient.from_settings(get_settings()) as client:
+        # twice the compute on the canary's engine thread: a real cost, queued behind
+        assert client.set_injected_latency("canary", 0.0, 2.0, "compute", "engine").ok
+        try:
+            summary = run_release(seed=12, capacity={"enabled": True})
+        finally:
+            client.set_injected_latency("canary", 0.0)
+    assert summary.outcome == "refused", summary.reason
+    assert "capacity check" in summary.reason and "below the champion's" in summary.reason
+    assert "candidate" in summary.reason and "champion" in summary.reason
+    assert summary.reason.count("req/s") >= 2  # both throughputs at the SLO
+    assert open_store(get_settings()).get_alias("champion") == champion
+    assert fleet.stable() == {champion} and fleet.canary() == {None}
+    events = kinds(summary)
+    (checked,) = events["capacity"]
+    assert checked.verdict == Verdict.failed
+    measured = checked.details
+    assert measured["candidate_throughput_rps"] < 0.9 * measured["champion_throughput_rps"]
+    assert measured["wall_s"] <= 120
+    assert "weight" not in events  # no step ever gave the candidate a user
 
 
 def test_canary_over_the_absolute_slo_is_rolled_back(fleet, shop):

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
+from logstore.log_tables import IMPRESSIONS
 from logstore.spool import read_segment
 from serving.http import build_app
 from serving.worker import Worker
@@ -66,3 +67,63 @@ def test_predict_answers_and_logs_through_the_split_routes(tmp_path: Path) -> No
     logged = read_segment(segment)
     assert logged.column("request_id").to_pylist() == [answer.json()["request_id"]]
     assert logged.column("status").to_pylist() == [200] and logged.column("rows")[0].as_py() == 3
+
+
+def pinned_calls(
+    worker: Worker, calls: list[tuple[dict[str, str], dict[str, Any]]]
+) -> list[httpx.Response]:
+    async def scenario() -> list[httpx.Response]:
+        serve_from(worker)  # a stable slot only: the canary stays empty
+        transport = httpx.ASGITransport(app=build_app(worker))
+        async with httpx.AsyncClient(transport=transport, base_url="http://w") as client:
+            out = [await client.post("/v1/predict", json=b, headers=h) for h, b in calls]
+        await worker.close()
+        return out
+
+    return asyncio.run(scenario())
+
+
+def test_a_load_test_pins_a_slot_with_the_admin_token_and_is_logged_apart(
+    tmp_path: Path,
+) -> None:
+    worker = worker_on(tmp_path, serving_admin_token=TOKEN)
+    doc = make_doc(n=3, seed=1)
+    pin = {"X-Relay-Pin-Slot": "stable", **AUTH}
+    user, pinned = pinned_calls(worker, [({}, doc), (pin, doc)])
+    assert user.status_code == pinned.status_code == 200
+    assert pinned.json()["slot"] == "loadtest" and user.json()["slot"] == "stable"
+    (segment,) = tmp_path.glob("*.arrow")
+    slots = dict(
+        zip(
+            read_segment(segment).column("request_id").to_pylist(),
+            read_segment(segment).column("slot").to_pylist(),
+            strict=True,
+        )
+    )
+    assert slots == {user.json()["request_id"]: "stable", pinned.json()["request_id"]: "loadtest"}
+    impressions = IMPRESSIONS.spool_dir(tmp_path).glob("*.arrow")
+    shown = {
+        r
+        for p in impressions
+        for r in read_segment(p, IMPRESSIONS).column("request_id").to_pylist()
+    }
+    assert shown == {user.json()["request_id"]}  # the load test's answer was shown to nobody
+
+
+def test_a_pinned_request_without_the_token_or_to_a_bad_slot_is_refused(tmp_path: Path) -> None:
+    worker = worker_on(tmp_path, serving_admin_token=TOKEN)
+    doc = make_doc(n=2, seed=2)
+    no_token, wrong, bad_slot, empty, after = pinned_calls(
+        worker,
+        [
+            ({"X-Relay-Pin-Slot": "canary"}, doc),
+            ({"X-Relay-Pin-Slot": "canary", "Authorization": "Bearer nope"}, doc),
+            ({"X-Relay-Pin-Slot": "baseline", **AUTH}, doc),
+            ({"X-Relay-Pin-Slot": "canary", **AUTH}, doc),  # nothing loaded there
+            ({}, doc),
+        ],
+    )
+    assert no_token.status_code == wrong.status_code == 401
+    assert bad_slot.status_code == 400 and "stable, canary" in bad_slot.json()["detail"]
+    assert empty.status_code == 409 and empty.json()["error"] == "empty_slot"
+    assert after.status_code == 200  # the worker keeps serving users
