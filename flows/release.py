@@ -186,11 +186,9 @@ def retrain_and_release(
             txn.set("release", release)
             # load and warm the canary, and the stable version again as its baseline, everywhere
             deploy_canary(settings, release, baseline=stable, weight=0)
-            if (
-                capacity.enabled
-            ):  # before any user: a candidate that cannot take the peak is refused
+            if capacity.enabled:  # before any user: a candidate that cannot take the peak
                 checked = check_capacity(settings, release, gate.max_p95_ms, capacity)
-                if checked.verdict is not Verdict.passed:
+                if checked.verdict in (Verdict.failed, Verdict.error):  # inconclusive goes on
                     raise CapacityRefused(checked)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
