@@ -25,6 +25,7 @@ class EventKind(StrEnum):
     weight = "weight"  # the canary's share of users set
     canary_plan = "canary_plan"  # whether the steps can conclude in their windows
     slo_window = "slo_window"  # one look of the canary gate
+    shadow_window = "shadow_window"  # one look of the shadow stage, before any weight
     decision = "decision"  # a person's answer to a paused release
     promote = "promote"
     rollback = "rollback"  # the canary taken out

@@ -291,6 +291,16 @@ class FleetClient:
         body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage, "mode": mode}
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
+    def set_shadow(self, share: float, max_queue: int, lease_s: float) -> FleetResult:
+        """Mirror `share` of stable's answers to the canary slot on every worker, leased; the
+        same call renews it. A worker from before the shadow answers 404."""
+        body = {"share": share, "max_queue": max_queue, "lease_s": lease_s}
+        return self._one_phase("set_shadow", self._each("POST", "/admin/shadow", body))
+
+    def stop_shadow(self) -> FleetResult:
+        """The shadow off on every worker (its lease would end it anyway)."""
+        return self._one_phase("stop_shadow", self._each("POST", "/admin/shadow", {"share": 0}))
+
     def set_ranking(self, slot: str, ranking: str) -> FleetResult:
         """Answers of `slot` ranked by the model (`model`), upside down (`reversed`) or at random
         (`shuffled`), on every worker: a version that is fast but serves worse feeds."""

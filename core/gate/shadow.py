@@ -315,3 +315,30 @@ class _Texts:
 
 def _exp(x: float) -> float:
     return math.exp(x) if math.isfinite(x) else (0.0 if x < 0 else math.inf)
+
+
+def shadow_unavailable(answers: list[tuple[str, int | None, str, str]]) -> GateResult | None:
+    """Why the fleet cannot run the shadow, from each worker's (url, status, error, detail), or None.
+
+    A worker that answers 404 to /admin/shadow predates it: `inconclusive` (no evidence, no
+    fault of the candidate's; the canary steps judge without it). One that holds no canary
+    (the candidate did not load into its slot), refuses the call or does not answer: `error`.
+    """
+    failed = [a for a in answers if a[1] != 200]
+    if not failed:
+        return None
+    named = "; ".join(f"{url}: {error} {detail}".strip() for url, _, error, detail in failed)
+    if all(status == 404 for _, status, _, _ in failed):
+        return GateResult(
+            gate="shadow",
+            verdict=Verdict.inconclusive,
+            reason=f"{len(failed)} of {len(answers)} workers too old for the shadow (404 on "
+            f"/admin/shadow): no shadow evidence, the canary steps judge without it ({named})",
+        )
+    if any(error == "no_canary" for _, _, error, _ in failed):
+        why = "the candidate is not loaded into the canary slot"
+    else:
+        why = "workers refused or did not answer the shadow call"
+    return GateResult(
+        gate="shadow", verdict=Verdict.error, reason=f"shadow not started: {why} ({named})"
+    )
