@@ -283,12 +283,20 @@ class FleetClient:
         return self.take_canary_out(CanaryRemoval.operator)
 
     def set_injected_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
+        self,
+        slot: str,
+        ms: float,
+        factor: float = 1.0,
+        stage: str = "compute",
+        mode: str = "hold",
+        share: float = 1.0,
     ) -> FleetResult:
-        """Every request of `slot` takes `factor` times as long plus `ms` in `stage`, on every
-        worker: held after scoring (mode hold), or spent in the engine's batches (mode engine)."""
+        """`share` of `slot`'s requests take `factor` times as long plus `ms` in `stage`, on
+        every worker: held after scoring (mode hold), or spent in the engine's batches (mode
+        engine, every request)."""
         check_slot(slot)
         body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage, "mode": mode}
+        body["share"] = share
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
 
     def set_shadow(self, share: float, max_queue: int, lease_s: float) -> FleetResult:

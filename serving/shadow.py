@@ -162,7 +162,10 @@ class ShadowMirror:
             return  # stable did not answer (nothing to pair), or the shadow just stopped
         answered_s = time.perf_counter() - ex.t0
         limit = self.settings.serving_log_max_pending_rows
-        log_behind = self.pair_log is not None and self.pair_log.pending > limit
+        pair_log = self.pair_log
+        log_behind = pair_log is not None and (
+            pair_log.pending > limit or pair_log.spool.over_cap  # never at the answers' cost
+        )
         if self.in_flight >= setting.max_queue or log_behind:
             self.counts.dropped += 1
             return

@@ -11,6 +11,8 @@ impressions are written before that, on the engine thread (`_finish_batch`), as 
 record. When a log writer falls behind (more than RELAY_SERVING_LOG_MAX_PENDING_ROWS rows not
 yet out), new predict requests are refused with 503 `log_backpressure`, counted in /metrics,
 until it catches up: load is shed in the open, and no answered request goes unlogged.
+While a shadow is on (`serving.shadow`), a share of stable's answered requests is handed to the
+canary slot after the answer: the mirror is never served and never logged as served.
 """
 
 from __future__ import annotations
