@@ -125,7 +125,7 @@ class ShadowRules:
     share: Annotated[float, Field(gt=0, le=1)] = 0.2  # of stable's requests, mirrored
     max_queue: Annotated[int, Field(ge=1)] = 32  # mirrors in flight per worker; more: dropped
     window_s: Annotated[float, Field(gt=0, le=600)] = 10.0  # between two looks
-    max_windows: Annotated[int, Field(ge=1, le=100)] = 12  # still undecided: inconclusive
+    max_windows: Annotated[int, Field(ge=1, le=100)] = 6  # still undecided: inconclusive (1 min)
     min_pairs: Annotated[int, Field(ge=1)] = 200  # scored pairs before any verdict
     max_drop_share: Annotated[float, Field(ge=0, lt=1)] = (
         0.2  # of chosen requests dropped (queue full): more, and the pairs are biased
