@@ -12,18 +12,16 @@ guard passes only when both rules pass; an inconclusive guard changes nothing an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import Field
 
 # The rules are pure core; re-exported for this module's callers.
 from core.guard.rules import (
+    GuardLimits,
     assess_live_slo,
     decide,
     missing_quality_evidence,
@@ -39,23 +37,7 @@ from relay.settings import Settings
 from relay.types import BlobRef, GateResult, Release, Verdict
 from tasks.calibration import CalibrationThresholds, assess_calibration, score_version
 from tasks.canary import CHAMPION, record
-from tasks.canary_analysis import CanaryRules
 from tasks.rollback import previous_version
-
-
-@dataclass(frozen=True)
-class GuardLimits:
-    """When the guard acts. The one home of the guard's defaults; the flow's signature reads them."""
-
-    # One product SLO: the champion is held live to the absolute SLO its canary was held to.
-    max_p95_ms: Annotated[float, Field(gt=0)] = CanaryRules.max_p95_ms
-    max_error_rate: Annotated[float, Field(gt=0, le=1)] = CanaryRules.max_error_rate
-    # served by the champion in the live window before any verdict
-    min_requests: Annotated[int, Field(ge=1)] = 200
-    # The quality rule's AUC drop is the blessing's relative limit, re-checked on fresh events.
-    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = CalibrationThresholds.max_auc_drop
-    min_traffic_share: Annotated[float, Field(ge=0, le=1)] = 0.3
-    min_labelled_events: Annotated[int, Field(ge=1)] = 2_000
 
 
 @task(name="decide-guard", cache_policy=NO_CACHE)

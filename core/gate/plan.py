@@ -203,23 +203,24 @@ def _plan_without_basis(
 
     Without a basis nothing says how long equivalence takes, so no early step is asked to show
     it; each guards against harm for its 1.5 x `min_requests` (or the rules' max windows when
-    the rate is unknown too) and the last runs until conclusive, up to the cap.
+    the rate is unknown too) and the last runs until conclusive, up to the cap; a last step that
+    cannot see `min_requests` per cohort within the cap at this rate makes the plan unreachable.
     """
     cap = max(rules.plan_max_windows, rules.max_windows)
     plans = []
     for i, w in enumerate(steps):
         per_window = rate_rps * w / 100 * window_s
         if i == len(steps) - 1:
-            plans.append(StepPlan(w, per_window, cap, max_windows=cap))
+            # even with no variance to plan from, a last step that cannot see `min_requests`
+            # per cohort within the cap cannot decide: say so before any traffic moves
+            enough = per_window > 0 and per_window * cap >= rules.min_requests
+            plans.append(StepPlan(w, per_window, cap if enough else None, max_windows=cap))
             continue
         needed = math.ceil(1.5 * rules.min_requests / per_window) if per_window > 0 else None
         windows = min(needed or rules.max_windows, rules.max_windows)
         plans.append(StepPlan(w, per_window, windows, guard=True, max_windows=windows))
-    return CanaryPlan(
-        plans,
-        window_s,
-        "no recent traffic to plan from",
-        True,
+    reachable = plans[-1].windows is not None
+    summary = (
         "no recent traffic of the champion before this release: "
         + ", ".join(
             f"{p.weight} %: guard step, {p.windows} windows (harm only)"
@@ -227,14 +228,21 @@ def _plan_without_basis(
             else f"{p.weight} %: until conclusive, at most {p.max_windows} windows"
             for p in plans
         )
-        + f" of {window_s:g} s",
+        + f" of {window_s:g} s"
     )
+    if not reachable:
+        summary += (
+            f"; at {rate_rps:.3g} req/s the last step cannot reach {rules.min_requests} requests "
+            f"per cohort within {cap} windows and would pause for a person"
+        )
+    return CanaryPlan(plans, window_s, "no recent traffic to plan from", reachable, summary)
 
 
 def _summary(plans: list[StepPlan], rules: CanaryRules, window_s: float) -> str:
     def one(p: StepPlan) -> str:
         if p.windows is None:
-            return f"{p.weight} %: not within {p.max_windows or rules.max_windows} windows"
+            limit = p.max_windows or rules.max_windows
+            return f"{p.weight} %: not within {limit} window{'s' if limit != 1 else ''}"
         plural = "s" if p.windows != 1 else ""
         if p.guard:
             return f"{p.weight} %: guard step, {p.windows} window{plural} (harm only)"

@@ -1,37 +1,39 @@
 """The release guard's rules, pure: the champion's live SLO, the seed's quality rule, and the
 verdict that combines them with the fleet's reconciliation.
 
-The limits come in as any object with the guard's fields (`GuardThresholds`); their one home,
-with the defaults, is `tasks.guard.GuardLimits` for now, because its SLO defaults are the canary
-gate's `CanaryRules` (moving into `core.gate`); once that lands the dataclass can move here too.
+The limits are `GuardLimits`, the one home of the guard's defaults: its SLO defaults are the
+canary gate's (`core.gate.rules.CanaryRules`), its AUC drop the blessing's.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import Field
+
+from core.calibration.assessment import CalibrationThresholds
+from core.gate.rules import CanaryRules
 from logstore.slo import SlotStats
 from relay.types import GateResult, Verdict
 
 
-class GuardThresholds(Protocol):
-    """The limits the rules read (`tasks.guard.GuardLimits` is the one with the defaults)."""
+@dataclass(frozen=True)
+class GuardLimits:
+    """When the guard acts. The one home of the guard's defaults; the flow's signature reads them."""
 
-    @property
-    def max_p95_ms(self) -> float: ...
-    @property
-    def max_error_rate(self) -> float: ...
-    @property
-    def min_requests(self) -> int: ...
-    @property
-    def max_auc_drop(self) -> float: ...
-    @property
-    def min_traffic_share(self) -> float: ...
-    @property
-    def min_labelled_events(self) -> int: ...
+    # One product SLO: the champion is held live to the absolute SLO its canary was held to.
+    max_p95_ms: Annotated[float, Field(gt=0)] = CanaryRules.max_p95_ms
+    max_error_rate: Annotated[float, Field(gt=0, le=1)] = CanaryRules.max_error_rate
+    # served by the champion in the live window before any verdict
+    min_requests: Annotated[int, Field(ge=1)] = 200
+    # The quality rule's AUC drop is the blessing's relative limit, re-checked on fresh events.
+    max_auc_drop: Annotated[float, Field(ge=0, le=1)] = CalibrationThresholds.max_auc_drop
+    min_traffic_share: Annotated[float, Field(ge=0, le=1)] = 0.3
+    min_labelled_events: Annotated[int, Field(ge=1)] = 2_000
 
 
-def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardThresholds) -> GateResult:
+def assess_live_slo(stats: list[SlotStats], champion: str, limits: GuardLimits) -> GateResult:
     """The champion's live latency and errors (stable slot) against the absolute SLOs."""
     rows = [s for s in stats if s.slot == "stable" and s.model_version == champion]
     served = sum(s.requests for s in rows)
@@ -86,7 +88,7 @@ def quality_rule(
     auc_drop: float | None,
     traffic_share: float | None,
     calibration_blessed: bool,
-    limits: GuardThresholds,
+    limits: GuardLimits,
 ) -> GateResult:
     """Failed when all three seed conditions hold, passed when a measured one does not, else inconclusive."""
     # None is "not measured": such a condition neither holds nor fails, so it cannot pass the rule.
@@ -137,7 +139,7 @@ def quality_rule(
 
 
 def missing_quality_evidence(
-    baseline: str | None, labelled: int, clicks: int, recent_hours: float, limits: GuardThresholds
+    baseline: str | None, labelled: int, clicks: int, recent_hours: float, limits: GuardLimits
 ) -> str | None:
     """Why the quality rule cannot be measured on the labelled impressions, or None if it can."""
     if baseline is None:

@@ -418,26 +418,27 @@ def _slots_html(report: ImpactReport) -> str:
             f"{_num(s.stable_latency_ms)} / {_num(s.canary_latency_ms)}",
             "",
         ],
-        [
-            "latency difference, ms",
-            _num(s.latency_diff_ms),
-            _ci(*(s.latency_diff_ci or (None, None))),
-        ],
-        [
-            "implied GMV per session",
-            _num(s.implied_gmv_per_session),
-            _ci(*(s.implied_gmv_per_session_ci or (None, None))),
-        ],
-        [
-            "implied GMV per day at full traffic",
-            _num(s.implied_gmv_per_day),
-            _ci(*(s.implied_gmv_per_day_ci or (None, None))),
-        ],
-        [
-            "measured GMV per session difference",
-            _num(s.measured_gmv_diff),
-            _ci(*(s.measured_gmv_diff_ci or (None, None))),
-        ],
+        *(
+            [label, _num(value), _ci(*(interval or (None, None)))]
+            for label, value, interval in (
+                ("latency difference, ms", s.latency_diff_ms, s.latency_diff_ci),
+                (
+                    "implied GMV per session",
+                    s.implied_gmv_per_session,
+                    s.implied_gmv_per_session_ci,
+                ),
+                (
+                    "implied GMV per day at full traffic",
+                    s.implied_gmv_per_day,
+                    s.implied_gmv_per_day_ci,
+                ),
+                (
+                    "measured GMV per session difference",
+                    s.measured_gmv_diff,
+                    s.measured_gmv_diff_ci,
+                ),
+            )
+        ),
     ]
     note = f"<p>{html.escape(s.reason)}</p>" if s.reason else ""
     return _table(["canary − stable", "value", "95 % CI"], rows) + note

@@ -12,12 +12,14 @@ Tests run in order and share one fleet: each starts from the state the previous 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
+from prefect.input.actions import read_flow_run_input
+from prefect.input.run_input import keyset_from_paused_state
 
 import logstore
 from core.data.validation import window_ending
@@ -69,6 +73,10 @@ pytestmark = pytest.mark.slow
 TOKEN = "scenario-admin-token"
 SHOP = ShopConfig(seed=51, n_users=3_000, n_items=1_000)
 RUN = {"window_end": END, **SMALL_RELEASE}
+# One look per step, and the plan may not lengthen the last step past it (it would otherwise,
+# up to 40 looks, where a thin canary could still conclude): a canary that cannot conclude, and
+# a plan that says so up front whatever the host's latency noise.
+ONE_LOOK = {"max_windows": 1, "plan_max_windows": 1}
 
 
 def free_port() -> int:
@@ -385,13 +393,23 @@ def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet,
     assert fleet.stable() == {fleet.versions["v2"]}
 
 
-def answer_pauses(answers: list[dict], within_s: float = 300) -> threading.Thread:
-    """Resume each paused flow run with the next answer, as the on-call engineer would."""
+@contextlib.contextmanager
+def answering_pauses(
+    answers: list[dict], within_s: float = 300, plan_answer: dict | None = None
+) -> Iterator[threading.Thread]:
+    """Resume each paused flow run with the next answer, as the on-call engineer would.
+
+    With `plan_answer`, a pause on the canary plan ("Start the canary anyway?", which the plan
+    asks only where its noise estimate says the canary cannot conclude) gets that answer and
+    leaves `answers` for the step's pauses. Only while the block runs: a test that fails before
+    its pauses leaves no thread behind to answer the next test's pause with its answers.
+    """
+    stop = threading.Event()
 
     def resume_when_paused() -> None:
         deadline = time.monotonic() + within_s
         seen: set = set()
-        while answers and time.monotonic() < deadline:
+        while answers and not stop.is_set() and time.monotonic() < deadline:
             with get_client(sync_client=True) as client:
                 paused = client.read_flow_runs(
                     flow_run_filter=FlowRunFilter(
@@ -402,19 +420,34 @@ def answer_pauses(answers: list[dict], within_s: float = 300) -> threading.Threa
                 )
             fresh = [r for r in paused if (r.id, r.state_id) not in seen]
             if fresh:
-                seen.add((fresh[0].id, fresh[0].state_id))
-                resume_flow_run(fresh[0].id, run_input=answers.pop(0))
-            time.sleep(0.5)
+                run = fresh[0]
+                seen.add((run.id, run.state_id))
+                asks = read_flow_run_input(
+                    keyset_from_paused_state(run.state)["description"], flow_run_id=run.id
+                )
+                if plan_answer is not None and "Start the canary anyway?" in str(asks):
+                    resume_flow_run(run.id, run_input=plan_answer)
+                else:
+                    resume_flow_run(run.id, run_input=answers.pop(0))
+            stop.wait(0.5)
 
     thread = threading.Thread(target=resume_when_paused, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(timeout=10)
 
 
-def skew_the_split(stop: threading.Event) -> None:
+def skew_the_split(stop: threading.Event, sent: collections.Counter) -> None:
     """A sticky-cohort skew: once a canary takes users, extra shoppers who all hash into the
-    canary's buckets call the fleet (fresh user ids, as a cohort a bug routed there would)."""
+    canary's buckets call the fleet (fresh user ids, as a cohort a bug routed there would).
+    `sent` counts the answers by status (the test's message shows them if the skew fails)."""
     urls = [u.strip() for u in get_settings().serving_fleet_urls.split(",") if u.strip()]
+    # the bodies first: generating them takes seconds, and the skew must be there from the
+    # step's first look, or an equal canary can pass before the split is ever skewed
+    bodies = list(request_bodies(generate_events(SHOP, 20 * 4_000, END, days=0.05, chunk=77), 20))
     deadline = time.monotonic() + 600
     version, weight = None, 0
     while not stop.is_set() and time.monotonic() < deadline and not weight:
@@ -425,36 +458,43 @@ def skew_the_split(stop: threading.Event) -> None:
         time.sleep(0.2)
     if not version or not weight:
         return
-    events = generate_events(SHOP, 20 * 4_000, END, days=0.05, chunk=77)
-    bodies = request_bodies(events, 20)
+    sent[f"canary at {weight} %"] += 1
     ids = (u for u in range(7_000_000, 9_000_000) if route_bucket(u, version) < weight)
     with httpx.Client(timeout=10.0) as client:
         for i, body in enumerate(bodies):
             if stop.is_set() or time.monotonic() > deadline:
                 return
             body["user"]["user_id"] = next(ids)
-            with contextlib.suppress(httpx.HTTPError):  # a refused request skews nothing
-                client.post(f"{urls[i % len(urls)]}/v1/predict", json=body)
+            try:
+                answer = client.post(f"{urls[i % len(urls)]}/v1/predict", json=body)
+                sent[answer.status_code] += 1
+            except httpx.HTTPError as exc:  # a refused request skews nothing
+                sent[type(exc).__name__] += 1
             time.sleep(1 / 40)  # 40 req/s of canary-only users beside the shop's 60
 
 
 def test_a_skewed_split_is_held_as_invalid_and_a_person_decides(fleet, shop):
-    stop = threading.Event()
-    skewer = threading.Thread(target=skew_the_split, args=(stop,), daemon=True)
+    stop, sent = threading.Event(), collections.Counter()
+    skewer = threading.Thread(target=skew_the_split, args=(stop, sent), daemon=True)
     skewer.start()
-    resumer = answer_pauses([{"decision": "roll back", "comment": "split is skewed"}])
     try:
-        summary = run_release(seed=12)
+        with answering_pauses(
+            [{"decision": "roll back", "comment": "split is skewed"}],
+            plan_answer={"decision": "start the canary", "comment": "the split is what is tested"},
+        ):
+            summary = run_release(seed=7)
     finally:
         stop.set()
         skewer.join(timeout=10)
-    resumer.join(timeout=5)
     events = kinds(summary)
-    assert summary.outcome == "rolled_back" and "split is skewed" in summary.reason, [
-        (e.verdict, e.reason)
-        for kind in ("canary_plan", "slo_window", "decision")
-        for e in events.get(kind, [])
-    ]
+    assert summary.outcome == "rolled_back" and "split is skewed" in summary.reason, (
+        sent,
+        [
+            (e.verdict, e.reason)
+            for kind in ("canary_plan", "slo_window", "decision")
+            for e in events.get(kind, [])
+        ],
+    )
     invalid = [e for e in events["slo_window"] if e.verdict == "invalid"]
     assert invalid, [e.reason for e in events["slo_window"]]
     assert invalid[0].reason.startswith("sample-ratio mismatch at 50 %: canary ")
@@ -476,9 +516,8 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet, shop)
         {"decision": "start the canary", "comment": "try it"},
         {"decision": "roll back", "comment": "too quiet to judge"},
     ]
-    resumer = answer_pauses(answers, within_s=240)
-    summary = run_release(seed=5, analysis_window_s=1.0, gate={"max_windows": 1})
-    resumer.join(timeout=5)
+    with answering_pauses(answers, within_s=240):
+        summary = run_release(seed=5, analysis_window_s=1.0, gate=ONE_LOOK)
     assert not answers, "the run did not pause twice"
     assert summary.outcome == "rolled_back" and "too quiet to judge" in summary.reason
     events = kinds(summary)
@@ -486,7 +525,7 @@ def test_too_little_traffic_is_inconclusive_and_pauses_for_a_person(fleet, shop)
     decisions = [(e.verdict, e.details["weight"]) for e in events["decision"]]
     assert decisions == [("passed", 0), ("failed", 50)]  # both answers are kept with the release
     assert "canary started by a person: try it" in events["decision"][0].reason
-    assert "not within 40 windows" in events["canary_plan"][0].reason  # the last may run long
+    assert "50 %: not within 1 window" in events["canary_plan"][0].reason
     assert events["slo_window"][-1].verdict == Verdict.inconclusive
     assert (
         fleet.canary() == {None}
@@ -502,7 +541,7 @@ def test_a_pause_nobody_answers_takes_its_default_and_the_run_still_completes(fl
     summary = run_release(
         seed=6,
         analysis_window_s=1.0,
-        gate={"max_windows": 1},
+        gate=ONE_LOOK,
         approval_timeout_s=2,
     )
     assert time.monotonic() - started < 120

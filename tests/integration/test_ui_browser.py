@@ -65,7 +65,9 @@ PAUSING_RELEASE = merged(
     {
         "blessing": {"max_kl": 0.1},
         "analysis_window_s": 1.0,
-        "gate": {"max_windows": 1},
+        # one look per step, and the plan may not stretch the last step past it either
+        # (plan_max_windows): the canary cannot conclude and the plan says so up front
+        "gate": {"max_windows": 1, "plan_max_windows": 1},
         "approval_timeout_s": 600,
         "actor": "on-call (UI test)",
     },

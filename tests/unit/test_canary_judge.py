@@ -286,8 +286,10 @@ def test_plan_says_how_many_windows_each_step_needs_and_when_it_cannot() -> None
     quiet = plan_canary(recent, 2.0, [5, 25, 50], 20.0, RULES)
     assert not quiet.reachable and "5 %: not within 10 windows" in quiet.summary
     assert "50 %: not within 40 windows" in quiet.summary  # the last step may run longer
-    unknown = plan_canary(None, 2.0, [5], 20.0, RULES)
+    unknown = plan_canary(None, 60.0, [5], 20.0, RULES)  # 60 a window: 200 within 40 windows
     assert unknown.reachable and "no recent traffic of the champion" in unknown.summary
+    closed = plan_canary(None, 2.0, [5], 20.0, RULES)  # 2 a window: 80 in 40 windows
+    assert not closed.reachable and "cannot reach 200 requests per cohort" in closed.summary
     brief = plan_canary(recent, 2.0, [50], 1.0, RULES)  # 1 s windows: seconds, not 0.0 minutes
     assert brief.summary.endswith("about 40 s") or "about 40 s;" in brief.summary
 
