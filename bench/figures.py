@@ -225,6 +225,17 @@ def _drift(d: Mapping[str, Any]) -> Iterable[str]:
     yield f"cost per window on {_num(_get(d, 'cost_per_window.window_rows'))} impressions {_num(_get(d, 'cost_per_window.combined_s'), 2)} s"
 
 
+@renders("serving_mirror")
+def _serving_mirror(d: Mapping[str, Any]) -> Iterable[str]:
+    by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
+    yield (
+        f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
+        f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on "
+        f"(mirror_p95_cost {_num(_get(d, 'mirror_p95_cost'))}, median of {config['rounds']} "
+        f"alternating rounds of {_num(config['seconds'])} s)"
+    )
+
+
 @renders("gpu_check")
 def _gpu_check(d: Mapping[str, Any]) -> Iterable[str]:
     yield f"TensorRT {_get(d, 'tensorrt.status')}: {_get(d, 'tensorrt.reason')}"

@@ -1,7 +1,6 @@
 """Serving benchmark: the worker against its HTTP ceiling, its compute ceiling and a naive server.
 
-    python -m bench.serving [--seconds 5] [--rounds 3] [--connections 64] [--version REF]
-                            [--train-events 30000] [--out PATH]
+    python -m bench.serving [--seconds 5] [--rounds 3] [--version REF] [--mirror-only] [--out PATH]
 
 Side by side in one run, on one model and one pool of 20-candidate request bodies from the
 simulated shop (simulation.traffic.request_bodies, as the canary's live traffic sends):
@@ -25,15 +24,13 @@ as closed loops of `--connections` connections. Scenarios are measured in interl
 the order rotated each round, and each reports its median round. Each closed-loop round also
 reports the server's CPU per answered request and CPU share (/proc; on a loaded host the share
 moves req/s: `worker_over_nolog_rps_per_cpu` takes it out) and, for logging workers, the log
-rows it took per second (`write_rows_s`). Then, open loop at 2,000
-req/s, the P95 of the three logging modes side by side (`p95_at_2000_ms_by_mode`, median of
-`--p95-rounds` interleaved tries); `ingest_spool` is timed over the worker's spool into a chdb
-engine of this process (`ingest_rows_s`); and an open-loop sweep finds the highest rate the
-worker sustains with P95 <= 300 ms.
-Writes bench/results/serving.json (or --out). Without --version it uses the newest version in
-the configured model store, or trains a small one on --train-events events (30,000: about 30 s).
-
-The subcommands `echo-server` and `naive-server` are the baselines' server processes.
+rows it took per second (`write_rows_s`). Then, open loop at 2,000 req/s, the P95 of the three
+logging modes side by side (`p95_at_2000_ms_by_mode`, median of `--p95-rounds` interleaved
+tries) and stable's P95 with the shadow off and on (`mirror_p95_cost`: bench.mirror_cost);
+`ingest_spool` timed into a chdb engine of this process (`ingest_rows_s`); an open-loop sweep
+for the highest rate with P95 <= 300 ms. Writes bench/results/serving.json (or --out). Without
+--version: the store's newest version, or a small one trained on --train-events (about 30 s).
+Subcommands `echo-server` and `naive-server` are the baselines' server processes.
 """
 
 from __future__ import annotations
@@ -77,6 +74,7 @@ from bench.log_figures import (
     log_cost_ratios,
     logged_rows,
 )
+from bench.mirror_cost import mirror_cost_figures, mirror_worker, run_mirror_only
 from serving.process import WorkerProcess
 
 __all__ = [
@@ -92,8 +90,6 @@ __all__ = [
 RESULTS = Path(__file__).parent / "results"
 SLO_P95_MS = 300.0
 SERVER_CPU, LOAD_CPU = 0, 1
-
-# -- the run -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -340,6 +336,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["worker_mean_batch_requests"] = round(reqs, 2)
 
         results.update(log_path_figures(servers, home, docs, args))
+        mirrored = mirror_worker(stack, home, store, manifest, SERVER_CPU)
+        results.update(mirror_cost_figures(mirrored, docs, args.p95_rounds, args.sweep_seconds))
         best, points = slo_sweep(servers["worker"], docs, args)
         results["slo_max_sustained_rps_p95_le_300ms"] = best
         results["slo_sweep"] = points
@@ -454,7 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train-events", type=int, default=30_000, help="events for the model trained without one"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "serving.json")
+    parser.add_argument("--mirror-only", action="store_true", help="only mirror_p95_cost")
     args = parser.parse_args(argv)
+    if args.mirror_only:
+        return run_mirror_only(args, SERVER_CPU, LOAD_CPU, RESULTS / "serving_mirror.json")
     if args.command == "echo-server":
         echo_server(args.port)
         return 0

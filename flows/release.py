@@ -58,6 +58,7 @@ from tasks.lineage import compute_lineage
 from tasks.reconcile import take_out_canary_of_dead_release
 from tasks.registry import register_candidate
 from tasks.rollback import record_rollback
+from tasks.shadow import ShadowRules, shadow_candidate
 from tasks.summary import ReleaseSummary, finish_release, publish_release_summary
 from tasks.tensorrt import request_tensorrt_plan
 from tasks.training import TrainConfig, train_ctr_model
@@ -92,6 +93,7 @@ def retrain_and_release(
     blessing: CalibrationThresholds = CalibrationThresholds(),  # noqa: B008
     gate: CanaryRules = CanaryRules(),  # noqa: B008
     capacity: CapacityRules = CapacityRules(),  # noqa: B008
+    shadow: ShadowRules = ShadowRules(),  # noqa: B008
     impact: ImpactOptions = ImpactOptions(),  # noqa: B008
 ) -> ReleaseSummary:
     """Validate, train, export, compile, hash, register, bless, canary, gate, promote or roll back."""
@@ -190,6 +192,10 @@ def retrain_and_release(
                 checked = check_capacity(settings, release, gate.max_p95_ms, capacity)
                 if checked.verdict in (Verdict.failed, Verdict.error):  # inconclusive goes on
                     raise CapacityRefused(checked)
+            shadowed = shadow_candidate(settings, release, stable, shadow, gate)
+            if shadowed.verdict in (Verdict.failed, Verdict.error):  # before any user saw it
+                txn.set("verdict_at", time.time())
+                raise CanaryRejected(shadowed)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
                 planned = plan.step(weight)  # a guard step, or a longer last one, at thin traffic
@@ -225,9 +231,11 @@ def retrain_and_release(
         )
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
-        # only now, with the canary out of traffic: why its latency regressed, if it did
-        explained = explain_canary_rejection(settings, release, stable, rejected.gate)
-        outcome, reason = ReleaseOutcome.rolled_back, explained.reason
+        if rejected.gate.gate == "shadow":  # no weight was ever set: refused, not rolled back
+            outcome, reason = ReleaseOutcome.refused, rejected.gate.reason
+        else:  # only now, with the canary out of traffic: why its latency regressed, if it did
+            explained = explain_canary_rejection(settings, release, stable, rejected.gate)
+            outcome, reason = ReleaseOutcome.rolled_back, explained.reason
 
     # canary vs baseline: the release's randomized effect, filed before the report shows it
     measure_release_experiment(settings, release, stable, outcome, return_state=True)

@@ -195,3 +195,27 @@ USER_SESSIONS = LogTable(
     time_column="started_at",
 )
 USER_SESSION_COLUMNS: tuple[str, ...] = tuple(USER_SESSIONS.schema.names)
+
+# One row per request stable answered that the canary slot also scored in shadow
+# (serving.shadow); the columns and their order are the shadow_pairs table's (migration 5).
+SHADOW_PAIRS = LogTable(
+    "shadow_pairs",
+    pa.schema(
+        [
+            ("ts", pa.timestamp("ms", tz="UTC")),
+            ("request_id", pa.string()),
+            ("user_id", pa.uint64()),
+            ("stable_version", pa.string()),
+            ("candidate_version", pa.string()),
+            ("stable_latency_ms", pa.float32()),
+            ("shadow_latency_ms", pa.float32()),
+            ("shadow_error", pa.string()),
+            ("candidates", pa.uint16()),
+            ("stable_top_k", pa.list_(pa.uint64())),
+            ("shadow_top_k", pa.list_(pa.uint64())),
+        ]
+    ),
+    key=("request_id",),
+    subdir="shadow_pairs",
+)
+SHADOW_PAIR_COLUMNS: tuple[str, ...] = tuple(SHADOW_PAIRS.schema.names)

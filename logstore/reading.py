@@ -7,11 +7,17 @@ from pathlib import Path
 from clickhouse_connect.driver.client import Client
 
 from logstore.client import connect
-from logstore.log_tables import FEEDBACK, IMPRESSIONS, USER_SESSIONS, LogTable
+from logstore.log_tables import FEEDBACK, IMPRESSIONS, SHADOW_PAIRS, USER_SESSIONS, LogTable
 from logstore.spool import INFERENCE_LOGS, ingest_spool
 
-# Every table written through the spool: the serving workers' three and the shop's sessions.
-LOG_TABLES: tuple[LogTable, ...] = (INFERENCE_LOGS, IMPRESSIONS, FEEDBACK, USER_SESSIONS)
+# Every table written through the spool: the serving workers' four and the shop's sessions.
+LOG_TABLES: tuple[LogTable, ...] = (
+    INFERENCE_LOGS,
+    IMPRESSIONS,
+    FEEDBACK,
+    SHADOW_PAIRS,
+    USER_SESSIONS,
+)
 
 
 def connect_for_reading(dsn: str, spool_dir: Path) -> Client:

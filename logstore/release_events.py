@@ -26,6 +26,7 @@ class EventKind(StrEnum):
     canary_plan = "canary_plan"  # whether the steps can conclude in their windows
     capacity = "capacity"  # the capacity check: candidate against champion under load, weight 0
     slo_window = "slo_window"  # one look of the canary gate
+    shadow_window = "shadow_window"  # one look of the shadow stage, before any weight
     decision = "decision"  # a person's answer to a paused release
     promote = "promote"
     rollback = "rollback"  # the canary taken out

@@ -174,4 +174,28 @@ MIGRATIONS: tuple[Migration, ...] = (
             """,
         ),
     ),
+    Migration(
+        5,
+        "shadow_pairs",
+        (
+            # One row per request stable answered that the canary slot also scored in shadow
+            # (serving.shadow): both latencies and both top-k answers, keyed by request id. The
+            # shadow's answer reached no user; shadow_error is its error code ('' = scored).
+            """
+            CREATE TABLE IF NOT EXISTS shadow_pairs (
+                ts DateTime64(3, 'UTC'),
+                request_id String,
+                user_id UInt64,
+                stable_version String,
+                candidate_version String,
+                stable_latency_ms Float32,
+                shadow_latency_ms Float32,
+                shadow_error LowCardinality(String),
+                candidates UInt16,
+                stable_top_k Array(UInt64),
+                shadow_top_k Array(UInt64)
+            ) ENGINE = MergeTree ORDER BY (ts, request_id)
+            """,
+        ),
+    ),
 )

@@ -161,6 +161,34 @@ class Settings(BaseSettings):
     serving_canary_lease_max_s: float = Field(
         default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."
     )
+    serving_shadow_share: float = Field(
+        default=0.2,
+        gt=0.0,
+        le=1.0,
+        description="Share of stable's answered requests mirrored to the canary slot while a "
+        "shadow is on, when the /admin/shadow body gives none (chosen by a hash of the request id).",
+    )
+    serving_shadow_max_share: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Largest mirrored share a worker accepts in /admin/shadow (larger: 400).",
+    )
+    serving_shadow_queue: int = Field(
+        default=32,
+        ge=1,
+        description="Mirrored requests in flight on one worker, when the /admin/shadow body gives "
+        "no 'max_queue': one more is dropped and counted (relay_shadow_dropped_total), never queued.",
+    )
+    serving_shadow_max_queue: int = Field(
+        default=256, ge=1, description="Largest 'max_queue' a worker accepts in /admin/shadow."
+    )
+    serving_shadow_top_k: int = Field(
+        default=10,
+        ge=1,
+        le=100,
+        description="Items of each answer (stable's and the shadow's) kept in a shadow_pairs row.",
+    )
 
     # tracing: OpenTelemetry spans of the serving worker and the release flow
     otel_tracing: bool = Field(

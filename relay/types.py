@@ -61,7 +61,9 @@ class ReleaseOutcome(StrEnum):
     unchanged = "unchanged"  # the fleet already serves it
     promoted = "promoted"  # now stable everywhere and champion
     rolled_back = "rolled_back"  # the canary was taken out; champion unchanged
-    refused = "refused"  # loaded beside the fleet, refused before any user saw it (capacity, shadow)
+    refused = (
+        "refused"  # loaded beside the fleet, refused before any user saw it (capacity, shadow)
+    )
 
 
 class CanaryRemoval(StrEnum):

@@ -20,7 +20,7 @@ import uvloop
 from prometheus_client import disable_created_metrics
 from pydantic import ValidationError
 
-from logstore.log_tables import FEEDBACK, IMPRESSIONS, LogTable
+from logstore.log_tables import FEEDBACK, IMPRESSIONS, SHADOW_PAIRS, LogTable
 from logstore.spool import INFERENCE_LOGS, RequestLogWriter
 from logstore.writers import log_writer_for, writer_prefix
 from model_store import open_store
@@ -79,11 +79,18 @@ async def serve(settings: Settings, shutdown: Shutdown) -> None:
     """Run the worker until told to exit, then drain and write every log row."""
     writer = build_log_writer(settings)
     feedback_log = build_feedback_log(settings)
+    shadow_log = build_log_writer(settings, SHADOW_PAIRS)
     worker = Worker(
-        settings, open_store(settings), ServingMetrics(), writer, feedback_log=feedback_log
+        settings,
+        open_store(settings),
+        ServingMetrics(),
+        writer,
+        feedback_log=feedback_log,
+        shadow_log=shadow_log,
     )
-    if writer is not None:
-        writer.start()  # recovers stopped workers' write-ahead files first
+    for log_writer in (writer, shadow_log):
+        if log_writer is not None:
+            log_writer.start()  # recovers stopped workers' write-ahead files first
     if feedback_log is not None:
         feedback_log.start()
     worker.start()

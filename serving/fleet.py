@@ -283,13 +283,31 @@ class FleetClient:
         return self.take_canary_out(CanaryRemoval.operator)
 
     def set_injected_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
+        self,
+        slot: str,
+        ms: float,
+        factor: float = 1.0,
+        stage: str = "compute",
+        mode: str = "hold",
+        share: float = 1.0,
     ) -> FleetResult:
-        """Every request of `slot` takes `factor` times as long plus `ms` in `stage`, on every
-        worker: held after scoring (mode hold), or spent in the engine's batches (mode engine)."""
+        """`share` of `slot`'s requests take `factor` times as long plus `ms` in `stage`, on
+        every worker: held after scoring (mode hold), or spent in the engine's batches (mode
+        engine, every request)."""
         check_slot(slot)
         body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage, "mode": mode}
+        body["share"] = share
         return self._one_phase("set_injected_latency", self._each("POST", "/admin/latency", body))
+
+    def set_shadow(self, share: float, max_queue: int, lease_s: float) -> FleetResult:
+        """Mirror `share` of stable's answers to the canary slot on every worker, leased; the
+        same call renews it. A worker from before the shadow answers 404."""
+        body = {"share": share, "max_queue": max_queue, "lease_s": lease_s}
+        return self._one_phase("set_shadow", self._each("POST", "/admin/shadow", body))
+
+    def stop_shadow(self) -> FleetResult:
+        """The shadow off on every worker (its lease would end it anyway)."""
+        return self._one_phase("stop_shadow", self._each("POST", "/admin/shadow", {"share": 0}))
 
     def set_ranking(self, slot: str, ranking: str) -> FleetResult:
         """Answers of `slot` ranked by the model (`model`), upside down (`reversed`) or at random

@@ -57,6 +57,7 @@ class WorkerSnapshot:
     log_pending_limit: int = 0  # over it, predict requests are refused
     log_backpressure_rejections: int = 0
     log_written_rows: dict[str, int] = field(default_factory=dict)  # table -> rows out
+    shadow: dict[str, int] = field(default_factory=dict)  # mirrored, dropped, errors
 
 
 class ServingMetrics:
@@ -288,6 +289,12 @@ class _StateCollector(Collector):
             "Predict requests refused (503 log_backpressure) because a log writer was behind.",
             value=s.log_backpressure_rejections,
         )
+        for name, text in (
+            ("mirrored", "Stable's answered requests also scored by the canary slot in shadow."),
+            ("dropped", "Requests chosen for the shadow but dropped: the mirror queue was full."),
+            ("errors", "Mirrored requests the canary slot answered with an error."),
+        ):
+            yield CounterMetricFamily(f"relay_shadow_{name}", text, value=s.shadow.get(name, 0))
         spans = CounterMetricFamily(
             "relay_trace_spans",
             "Request and admin spans recorded (sampled) and exported over OTLP.",

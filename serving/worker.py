@@ -11,6 +11,8 @@ impressions are written before that, on the engine thread (`_finish_batch`), as 
 record. When a log writer falls behind (more than RELAY_SERVING_LOG_MAX_PENDING_ROWS rows not
 yet out), new predict requests are refused with 503 `log_backpressure`, counted in /metrics,
 until it catches up: load is shed in the open, and no answered request goes unlogged.
+While a shadow is on (`serving.shadow`), a share of stable's answered requests is handed to the
+canary slot after the answer: the mirror is never served and never logged as served.
 """
 
 from __future__ import annotations
@@ -39,12 +41,15 @@ from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
     LOAD_TEST,
+    CANARY,
     SLOTS,
+    STABLE,
     RoutingTable,
     check_slot,
     perturbed,
 )
 from serving.schema import PredictRequest, RequestRejected
+from serving.shadow import SHADOW, ShadowMirror, shadow_setting
 from serving.tracing import RequestTracer, traceparent_of
 from serving.worker_state import worker_snapshot, worker_state
 
@@ -73,6 +78,7 @@ class Worker(CanaryControl):
         clock: Callable[[], float] = time.monotonic,
         tracer: RequestTracer | None = None,
         feedback_log: FeedbackLog | None = None,
+        shadow_log: RequestLogWriter | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock  # what canary leases are measured on; tests pass their own
@@ -96,6 +102,7 @@ class Worker(CanaryControl):
         self.started_at = time.time()
         self.canary_removals: dict[str, int] = {}  # by CanaryRemoval reason
         self.backpressure_rejections = 0
+        self.shadow = ShadowMirror(settings, shadow_log, clock)
         metrics.watch(self.snapshot)
 
     def start(self) -> None:
@@ -150,15 +157,40 @@ class Worker(CanaryControl):
         ex.slot = slot if pinned is None else LOAD_TEST
         ex.version, ex.lineage_id = served.model.version, served.model.lineage_id
         injection = table.injection(slot)
-        ex.injection = injection if injection.holds else None
+        ex.injection = injection if injection.holds and injection.applies(ex.request_id) else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
+        canary = table.canary
+        if (  # a load test's pinned request is never mirrored
+            pinned is None
+            and slot == STABLE
+            and canary is not None
+            and self.shadow.chooses(ex.request_id)
+        ):
+            done = self._then_mirror(done, request.raw, table, canary)
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
 
     @staticmethod
     def _pinned(table: RoutingTable[Served], slot: str) -> tuple[str, Served] | None:
         served = table.model(slot)
         return None if served is None else (slot, served)
+    def _then_mirror(
+        self,
+        done: Callable[[Exchange], None],
+        raw: np.ndarray,
+        table: RoutingTable[Served],
+        canary: Served,
+    ) -> Callable[[Exchange], None]:
+        """`done`, then the answered request mirrored to `canary` once its reply is under way."""
+        injection, ranking = table.injection(CANARY), table.ranking(CANARY)
+
+        def answered(ex: Exchange) -> None:
+            done(ex)  # the transport resumes first: call_soon runs after it was woken
+            asyncio.get_running_loop().call_soon(
+                self.shadow.mirror, ex, raw, canary, injection, ranking
+            )
+
+        return answered
 
     def log_behind(self) -> str | None:
         """Why the log path cannot take another request now (a writer is behind), or None."""
@@ -176,13 +208,20 @@ class Worker(CanaryControl):
     ) -> np.ndarray:
         """On the engine thread: each slot's ranking applied, the batch's impressions written."""
         served = scores
+        shadowed = [ex.transport == SHADOW for ex in exchanges]
         if any(ex.ranking != "model" for ex in exchanges):
             served, at = scores.copy(), 0
             for ex, n in zip(exchanges, sizes, strict=True):
                 served[at : at + n] = perturbed(scores[at : at + n], ex.ranking, _rng())
                 at += n
-        if self.feedback_log is not None:
-            self.feedback_log.write_impressions(exchanges, sizes, raw, served)
+        if self.feedback_log is not None and not all(shadowed):
+            if any(shadowed):  # a mirrored answer was shown to no one: no impressions
+                rows = np.repeat([not s for s in shadowed], sizes)
+                users = [ex for ex, s in zip(exchanges, shadowed, strict=True) if not s]
+                kept = [n for n, s in zip(sizes, shadowed, strict=True) if not s]
+                self.feedback_log.write_impressions(users, kept, raw[rows], served[rows])
+            else:
+                self.feedback_log.write_impressions(exchanges, sizes, raw, served)
         return served
 
     def _scored(
@@ -372,11 +411,40 @@ class Worker(CanaryControl):
             return self.state()
 
     async def set_latency(
-        self, slot: str, ms: float, factor: float = 1.0, stage: str = "compute", mode: str = "hold"
+        self,
+        slot: str,
+        ms: float,
+        factor: float = 1.0,
+        stage: str = "compute",
+        mode: str = "hold",
+        share: float = 1.0,
     ) -> dict[str, Any]:
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor, stage, mode))
-            log.info("injected x%s + %s ms in %s of %s (%s)", factor, ms, stage, slot, mode)
+            self._swap(self.table.with_latency(slot, ms, factor, stage, mode, share))
+            log.info(
+                "injected x%s + %s ms in %s of %s of %s (%s)", factor, ms, stage, share, slot, mode
+            )
+            return self.state()
+
+    async def set_shadow(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Mirror a share of stable's answers to the canary slot under a lease, or stop (share 0)."""
+        async with self._admin_lock:
+            setting = shadow_setting(body, self.settings, self.clock())
+            if setting is not None and self.table.canary is None:
+                raise RequestRejected("no_canary", "no canary is loaded: nothing to mirror to", 409)
+            was_on = self.shadow.active() is not None
+            self.shadow.set(setting)
+            if setting is None:
+                log.info("shadow off")
+            elif not was_on:
+                log.info(
+                    "shadow on: %g of stable's requests mirrored to %s, at most %d in flight, "
+                    "leased for %g s",
+                    setting.share,
+                    self.table.canary and self.table.canary.version,
+                    setting.max_queue,
+                    setting.length_s,
+                )
             return self.state()
 
     async def set_ranking(self, slot: str, ranking: str) -> dict[str, Any]:
@@ -441,3 +509,5 @@ class Worker(CanaryControl):
         await asyncio.to_thread(self.tracer.close)
         if self.feedback_log is not None:
             await asyncio.to_thread(self.feedback_log.close)
+        if self.shadow.pair_log is not None:
+            await asyncio.to_thread(self.shadow.pair_log.close)

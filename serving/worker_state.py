@@ -32,6 +32,8 @@ def worker_state(worker: Worker) -> dict[str, Any]:
         "inject_slowdown": {slot: t.injection(slot).factor for slot in SLOTS},
         "inject_stage": {slot: t.injection(slot).stage for slot in SLOTS},
         "inject_mode": {slot: t.injection(slot).mode for slot in SLOTS},
+        "inject_share": {slot: t.injection(slot).share for slot in SLOTS},
+        "shadow": worker.shadow.state(),
         "ranking": {slot: t.ranking(slot) for slot in SLOTS},
         "batching": {
             "max_rows": worker.settings.serving_max_batch_rows,
@@ -102,6 +104,11 @@ def worker_snapshot(worker: Worker) -> WorkerSnapshot:
         log_written_rows={
             w.spool.table.name: w.stats.rows_inserted + w.stats.rows_spooled
             for w in worker.log_writers
+        },
+        shadow={
+            "mirrored": worker.shadow.counts.mirrored,
+            "dropped": worker.shadow.counts.dropped,
+            "errors": worker.shadow.counts.errors,
         },
         trace_spans={
             "recorded": worker.tracer.counts.recorded,

@@ -111,3 +111,50 @@ class CanaryRules:
             "p99_min_requests": float(self.p99_min_requests),
             "srm_p": self.srm_p,
         }
+
+
+@dataclass(frozen=True)
+class ShadowRules:
+    """The shadow stage before the first canary weight. The one home of these defaults.
+
+    The latency tolerance, the error tolerance and the confidence are the canary gate's
+    (`CanaryRules`): the shadow judges the same regression, on pairs instead of cohorts.
+    """
+
+    enabled: bool = True
+    share: Annotated[float, Field(gt=0, le=1)] = 0.2  # of stable's requests, mirrored
+    max_queue: Annotated[int, Field(ge=1)] = 32  # mirrors in flight per worker; more: dropped
+    window_s: Annotated[float, Field(gt=0, le=600)] = 10.0  # between two looks
+    max_windows: Annotated[int, Field(ge=1, le=100)] = 6  # still undecided: inconclusive (1 min)
+    min_pairs: Annotated[int, Field(ge=1)] = 200  # scored pairs before any verdict
+    max_drop_share: Annotated[float, Field(ge=0, lt=1)] = (
+        0.2  # of chosen requests dropped (queue full): more, and the pairs are biased
+    )
+    agreement_k: Annotated[int, Field(ge=1, le=100)] = 5  # the parity gate's k
+    min_agreement: Annotated[float, Field(ge=0, le=1)] = (
+        0.5  # top-k overlap with stable's answers below this, with confidence: failed
+    )
+
+    def __post_init__(self) -> None:
+        checks = {
+            "share": 0 < self.share <= 1,
+            "max_queue": self.max_queue >= 1,
+            "window_s": 0 < self.window_s <= 600,
+            "max_windows": self.max_windows >= 1,
+            "min_pairs": self.min_pairs >= 1,
+            "max_drop_share": 0 <= self.max_drop_share < 1,
+            "agreement_k": 1 <= self.agreement_k <= 100,
+            "min_agreement": 0 <= self.min_agreement <= 1,
+        }
+        bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"invalid shadow rules: {', '.join(bad)}")
+
+    def thresholds(self) -> dict[str, float]:
+        return {
+            "min_pairs": float(self.min_pairs),
+            "max_windows": float(self.max_windows),
+            "max_drop_share": self.max_drop_share,
+            "agreement_k": float(self.agreement_k),
+            "min_agreement": self.min_agreement,
+        }

@@ -1,4 +1,8 @@
-"""The admin API: slots, weights, leases, promotion and rollback, behind a bearer token.
+"""The admin API: slots, weights, leases, the shadow, promotion and rollback, behind a token.
+
+`/admin/shadow` `{"share": 0.2, "max_queue": 32, "lease_s": 30}` mirrors that share of stable's
+answered requests to the canary slot (serving.shadow) until the lease runs out; the same call
+renews it, `{"share": 0}` stops it. A worker from before the shadow answers 404 here.
 
 Every call is logged as an `inference_logs` row (slot `admin`) and traced as a span in the
 caller's trace. Fault injection — `/admin/latency` (added latency or slowdown in one stage of
@@ -47,6 +51,10 @@ async def _renew(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     return await worker.renew(body["lease_s"])
 
 
+async def _shadow(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
+    return await worker.set_shadow(body)
+
+
 async def _promote(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     return await worker.promote()
 
@@ -59,7 +67,7 @@ async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     if "ms" not in body:
         raise RequestRejected(
             "missing_field",
-            "body needs 'slot' and 'ms' (and optionally 'factor', 'stage', 'mode')",
+            "body needs 'slot' and 'ms' (and optionally 'factor', 'stage', 'mode', 'share')",
         )
     return await worker.set_latency(
         check_slot(body.get("slot")),
@@ -67,6 +75,7 @@ async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
         body.get("factor", 1.0),
         body.get("stage", "compute"),
         body.get("mode", "hold"),
+        body.get("share", 1.0),
     )
 
 
@@ -82,6 +91,7 @@ CONTROL: dict[str, tuple[str, AdminOp]] = {
     "load": ("POST", _load),
     "weight": ("POST", _weight),
     "renew": ("POST", _renew),
+    "shadow": ("POST", _shadow),
     "promote": ("POST", _promote),
     "rollback": ("POST", _rollback),
 }

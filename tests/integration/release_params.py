@@ -18,6 +18,10 @@ SMALL_RELEASE: dict[str, Any] = {
     # same two cores, says up to ~8: 12 looks a step keep it from pausing for a person.
     "analysis_window_s": 8.0,
     "gate": {"max_windows": 12},
+    # The shadow runs before every canary, briefly: at SHOP_RPS a fifth mirrored is ~12 pairs
+    # a second, too few in 2 x 4 s for a verdict on an equal candidate (inconclusive: the
+    # canary goes on). The shadow scenario sets its own, longer, shadow.
+    "shadow": {"window_s": 4.0, "max_windows": 2},
     "approval_timeout_s": 120,
     "impact_report_after": False,
     "tensorrt_wait_s": 0,

@@ -35,6 +35,7 @@ COVERED_ELSEWHERE = {
     "load": "bench.serving's load generators, run by the serving smoke",
     "baselines": "bench.serving's echo and naive baselines, run by the serving smoke",
     "log_figures": "bench.serving's log-path figures, run by the serving smoke",
+    "mirror_cost": "bench.serving's mirror_p95_cost (shadow off and on), run by the serving smoke",
     "chaos_release": "bench.chaos's release kills on the deployed stack (--release-kills); too slow "
     "for the smoke, which runs the worker and ingester kills",
 }
@@ -182,6 +183,7 @@ def test_bench_serving_measures_every_scenario(runs):
     # every row the worker spooled was ingested, and is in the tables
     assert figures["ingest_rows_by_table"] == figures["ingest_landed_rows_by_table"]
     assert figures["ingest_rows_by_table"]["impressions"] > 0
+    assert figures["mirror_p95_ms_by_mode"]["on"] > 0 and figures["mirror_counts"]["mirrored"] > 0
 
 
 def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):

@@ -352,6 +352,30 @@ def served_by(worker: WorkerProcess, slot: str) -> float:
         return 0.0
 
 
+@pytest.mark.slow
+def test_a_tail_regressed_candidate_is_refused_in_shadow_before_any_user_sees_it(fleet, shop):
+    # 8 % of the canary slot's requests held 30 ms more: the P95 lands in that tail, the
+    # geometric mean moves ~x1.2, inside the light-load tolerance (+5 ms of a few-ms P95).
+    with FleetClient.from_settings(get_settings()) as client:
+        assert client.set_injected_latency("canary", 30.0, share=0.08).ok
+        try:
+            summary = run_release(seed=8, shadow={"share": 0.5, "window_s": 5.0, "max_windows": 8})
+        finally:
+            client.set_injected_latency("canary", 0.0)
+    assert summary.outcome == "refused", summary.reason
+    assert "candidate refused in shadow" in summary.reason and "P95" in summary.reason
+    events = kinds(summary)
+    assert "weight" not in events and "slo_window" not in events  # no user was routed to it
+    last = events["shadow_window"][-1]
+    assert last.verdict == Verdict.failed
+    measured = last.details["measurements"]
+    assert measured["p95_ratio_low"] > measured["tolerance_ratio"]
+    assert measured["shadow_error_rate"] == 0 and measured["dropped"] == 0
+    assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
+    assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
+    assert not any(s["shadow"]["on"] for s in fleet.state())  # turned off on every worker
+
+
 def test_worker_killed_mid_canary_is_an_error_and_the_survivor_rolls_back(fleet, shop):
     victim = fleet.workers[1]
 

@@ -31,6 +31,7 @@ from flows.rollback import rollback
 from flows.tensorrt import compile_tensorrt_plan
 from tasks.canary_analysis import CanaryRules
 from tasks.guard import GuardLimits
+from tasks.shadow import ShadowRules
 from tests.unit.test_prefect_yaml import DEPLOYMENTS, ROOT
 
 FLOWS: dict[str, Any] = {
@@ -48,6 +49,7 @@ MODELS: dict[str, dict[str, type]] = {
         "training": TrainConfig,
         "blessing": CalibrationThresholds,
         "gate": CanaryRules,
+        "shadow": ShadowRules,
         "impact": ImpactOptions,
     },
     "release-guard": {"limits": GuardLimits},
