@@ -32,7 +32,7 @@ from logstore.spool import RequestLogWriter
 from relay.settings import Settings
 from serving.batching import BatchTiming
 from serving.exchange import Exchange, Served
-from serving.routing import CANARY, Injection
+from serving.routing import CANARY, Injection, RoutingTable
 from serving.schema import RAW_ORDER, RequestRejected
 
 SHADOW = "shadow"  # the transport of a mirrored exchange: never a user's
@@ -147,6 +147,25 @@ class ShadowMirror:
         """Whether this request, now being routed to stable, is to be mirrored once answered."""
         setting = self.active()
         return setting is not None and mirrored(request_id, setting.share)
+
+    def after_answer(
+        self,
+        done: Callable[[Exchange], None],
+        request_id: str,
+        raw: np.ndarray,
+        table: RoutingTable[Served],
+    ) -> Callable[[Exchange], None]:
+        """`done`, then (if this stable request is chosen) mirrored to the canary once answered."""
+        canary = table.canary
+        if canary is None or not self.chooses(request_id):
+            return done
+        injection, ranking = table.injection(CANARY), table.ranking(CANARY)
+
+        def answered(ex: Exchange) -> None:
+            done(ex)  # the transport resumes first: call_soon runs after it was woken
+            asyncio.get_running_loop().call_soon(self.mirror, ex, raw, canary, injection, ranking)
+
+        return answered
 
     def mirror(
         self,

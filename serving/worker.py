@@ -41,7 +41,6 @@ from serving.loading import load_model
 from serving.metrics import ServingMetrics, WorkerSnapshot
 from serving.routing import (
     LOAD_TEST,
-    CANARY,
     SLOTS,
     STABLE,
     RoutingTable,
@@ -160,37 +159,14 @@ class Worker(CanaryControl):
         ex.injection = injection if injection.holds and injection.applies(ex.request_id) else None
         ex.ranking = table.ranking(slot)
         ex.t_enqueued = time.perf_counter()
-        canary = table.canary
-        if (  # a load test's pinned request is never mirrored
-            pinned is None
-            and slot == STABLE
-            and canary is not None
-            and self.shadow.chooses(ex.request_id)
-        ):
-            done = self._then_mirror(done, request.raw, table, canary)
+        if pinned is None and slot == STABLE:  # a load test's pinned request is never mirrored
+            done = self.shadow.after_answer(done, ex.request_id, request.raw, table)
         served.batcher.submit(request.raw, lambda s, b, e: self._scored(ex, done, s, b, e), ex)
 
     @staticmethod
     def _pinned(table: RoutingTable[Served], slot: str) -> tuple[str, Served] | None:
         served = table.model(slot)
         return None if served is None else (slot, served)
-    def _then_mirror(
-        self,
-        done: Callable[[Exchange], None],
-        raw: np.ndarray,
-        table: RoutingTable[Served],
-        canary: Served,
-    ) -> Callable[[Exchange], None]:
-        """`done`, then the answered request mirrored to `canary` once its reply is under way."""
-        injection, ranking = table.injection(CANARY), table.ranking(CANARY)
-
-        def answered(ex: Exchange) -> None:
-            done(ex)  # the transport resumes first: call_soon runs after it was woken
-            asyncio.get_running_loop().call_soon(
-                self.shadow.mirror, ex, raw, canary, injection, ranking
-            )
-
-        return answered
 
     def log_behind(self) -> str | None:
         """Why the log path cannot take another request now (a writer is behind), or None."""
