@@ -35,6 +35,7 @@ COVERED_ELSEWHERE = {
     "load": "bench.serving's load generators, run by the serving smoke",
     "baselines": "bench.serving's echo and naive baselines, run by the serving smoke",
     "log_figures": "bench.serving's log-path figures, run by the serving smoke",
+    "gate_replay": "bench.gate's offline replay, run by tests/integration/test_bench_gate.py",
     "mirror_cost": "bench.serving's mirror_p95_cost (shadow off and on), run by the serving smoke",
     "chaos_release": "bench.chaos's release kills on the deployed stack (--release-kills); too slow "
     "for the smoke, which runs the worker and ingester kills",
