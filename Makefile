@@ -65,7 +65,7 @@ browser:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
 test: install browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # The edit loop (<= 3 min on 2 cores): the unit tier in random order, the layer and size checks
 # among it; no servers, no flow runs. `make test` runs everything, slow tests included.

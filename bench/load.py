@@ -5,17 +5,17 @@ the binary protocol, with latencies recorded from the scheduled send (bench.serv
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-import re
+import itertools
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
+
+from serving.load_test import HttpConnection, post_requests
 
 CANDIDATES = 20
 
@@ -39,16 +39,8 @@ def request_docs(n: int, seed: int = 3) -> list[dict[str, Any]]:
 
 
 def http_requests(docs: Sequence[dict[str, Any]], host: str, port: int) -> list[bytes]:
-    """Each body as a complete keep-alive HTTP/1.1 POST."""
-    out = []
-    for doc in docs:
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        head = (
-            f"POST /v1/predict HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        out.append(head + body)
-    return out
+    """Each body as a complete keep-alive HTTP/1.1 POST (serving.load_test's, unpinned)."""
+    return post_requests(docs, f"{host}:{port}")
 
 
 # -- load generation -----------------------------------------------------------------------------
@@ -93,53 +85,6 @@ class Recorder:
         }
 
 
-_CONTENT_LENGTH = re.compile(rb"content-length:\s*(\d+)", re.IGNORECASE)
-
-
-class HttpConnection(asyncio.Protocol):
-    """One keep-alive connection with one request outstanding at a time."""
-
-    def __init__(
-        self, requests: list[bytes], offset: int, on_done: Callable[[HttpConnection, bool], None]
-    ):
-        self.requests = requests
-        self.i = offset
-        self.on_done = on_done
-        self.buf = bytearray()
-        self.need = -1
-        self.status_ok = False
-        self.sent_at = 0.0
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio subclass
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.transport = transport
-
-    def send(self, sent_at: float) -> None:
-        assert self.transport is not None
-        self.sent_at = sent_at
-        self.transport.write(self.requests[self.i % len(self.requests)])
-        self.i += 1
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        while True:
-            if self.need < 0:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                match = _CONTENT_LENGTH.search(buf, 0, end)
-                self.status_ok = buf[9:12] == b"200"
-                self.need = end + 4 + (int(match.group(1)) if match else 0)
-            if len(buf) < self.need:
-                return
-            del buf[: self.need]
-            self.need = -1
-            self.on_done(self, self.status_ok)
-
-
 async def http_load(
     host: str,
     port: int,
@@ -160,13 +105,15 @@ async def http_load(
     backlog: deque[float] = deque()
     rec = Recorder(start=0.0, stop=0.0, by_send_time=rate is not None)
 
+    sent = itertools.count()
+
     def send(conn: HttpConnection, at: float) -> None:
         busy.add(conn)
-        conn.send(at)
+        conn.send(requests[next(sent) % len(requests)], at)
 
-    def on_done(conn: HttpConnection, ok: bool) -> None:
+    def on_done(conn: HttpConnection, status: int) -> None:
         busy.discard(conn)
-        now = rec.done(conn.sent_at, ok)
+        now = rec.done(conn.sent_at, status == 200)
         if rate is None:
             if now < rec.stop:
                 send(conn, now)
@@ -175,10 +122,8 @@ async def http_load(
         else:
             idle.append(conn)
 
-    for k in range(connections):
-        _, conn = await loop.create_connection(
-            functools.partial(HttpConnection, requests, k * 7, on_done), host, port
-        )
+    for _ in range(connections):
+        _, conn = await loop.create_connection(lambda: HttpConnection(on_done), host, port)
         conns.append(conn)
     t0 = time.perf_counter()
     rec.start, rec.stop = t0 + warmup, t0 + warmup + seconds

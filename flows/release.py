@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
 from typing import Annotated
 
 from prefect import flow
@@ -20,10 +22,11 @@ from prefect.transactions import transaction
 from pydantic import Field
 
 from core.gate.capacity import CapacityRules
+from core.gate.plan import CanaryPlan
 from core.impact.types import ImpactOptions
 from flows.impact import impact_report
-from relay.settings import get_settings
-from relay.types import Release, ReleaseOutcome, Verdict
+from relay.settings import Settings, get_settings
+from relay.types import GateResult, Release, ReleaseOutcome, Verdict
 from tasks.attribution import explain_canary_rejection
 from tasks.calibration import (
     CalibrationThresholds,
@@ -33,8 +36,8 @@ from tasks.calibration import (
 from tasks.canary import (
     CanaryDecision,
     CanaryRejected,
-    CapacityRefused,
     PlanDecision,
+    RefusedBeforeUsers,
     ask_a_person,
     canary_period,
     check_blessing,
@@ -51,12 +54,18 @@ from tasks.canary_analysis import CanaryRules, analyse_canary_step
 from tasks.canary_plan import plan_canary_steps
 from tasks.capacity import check_capacity
 from tasks.compilation import compile_engines
-from tasks.data import DataLimits, read_training_window, validate_training_data, window_ending
+from tasks.data import (
+    DataLimits,
+    TrainingWindow,
+    read_training_window,
+    validate_training_data,
+    window_ending,
+)
 from tasks.export import export_onnx
 from tasks.impact import measure_release_experiment, publish_impact_history
 from tasks.lineage import compute_lineage
 from tasks.reconcile import take_out_canary_of_dead_release
-from tasks.registry import register_candidate
+from tasks.registry import Registration, register_candidate
 from tasks.rollback import record_rollback
 from tasks.shadow import ShadowRules, shadow_candidate
 from tasks.summary import ReleaseSummary, finish_release, publish_release_summary
@@ -102,6 +111,64 @@ def retrain_and_release(
     window = window_ending(window_end, window_days)
     workdir = run_workdir(settings)
 
+    registration, summary = _build_candidate(
+        settings, window, train_on_served, data, training, workdir, actor
+    )
+    release = Release(
+        str(flow_run.id or registration.version), registration.version, registration.lineage_id
+    )
+    calibration = ensure_calibration_set(settings, workdir, window)
+    assess_candidate_calibration(settings, release.version, calibration, blessing, workdir)
+    end = partial(finish_release, settings, summary, release)  # the release ends: outcome, why
+    blessed = check_blessing(settings, release)
+    if blessed.verdict is not Verdict.passed:
+        return end(ReleaseOutcome.not_deployed, blessed.reason)
+    if not deploy:
+        return end(ReleaseOutcome.blessed, "deploy=false: blessed, not deployed")
+
+    request_tensorrt_plan(settings, release.version, wait_s=tensorrt_wait_s)  # needs a gpu pool
+    stable = read_fleet_stable(settings)
+    if stable is None:
+        return _first_release(settings, summary, release)
+    if stable == release.version:
+        return end(ReleaseOutcome.unchanged, "the fleet already serves this version")
+
+    plan = plan_canary_steps(
+        settings, release, canary_steps, analysis_window_s, gate, started, champion=stable
+    )
+    if not plan.reachable:  # say so before any traffic moves, and let a person decide
+        go = _ask_to_start(settings, release, plan, approval_timeout_s)
+        if go.verdict is not Verdict.passed:
+            return end(ReleaseOutcome.not_deployed, go.reason)
+    outcome, reason = _canary(
+        settings,
+        release,
+        stable,
+        plan,
+        canary_steps,
+        analysis_window_s,
+        approval_timeout_s,
+        gate,
+        capacity,
+        shadow,
+    )
+    # canary vs baseline: the release's randomized effect, filed before the report shows it
+    measure_release_experiment(settings, release, stable, outcome, return_state=True)
+    if impact_report_after and outcome is not ReleaseOutcome.refused:  # a refused one had no users
+        _report_canary_impact(settings, release, stable, impact)
+    return _finish_with_history(settings, summary, release, outcome, reason)
+
+
+def _build_candidate(
+    settings: Settings,
+    window: TrainingWindow,
+    train_on_served: bool,
+    data: DataLimits,
+    training: TrainConfig,
+    workdir: Path,
+    actor: str,
+) -> tuple[Registration, ReleaseSummary]:
+    """Validated window -> trained model -> ONNX -> engines -> lineage -> registered version."""
     frame = read_training_window(settings, window, served=train_on_served)
     validate_training_data(frame, window, data)
     trained = train_ctr_model(frame, training, workdir)
@@ -109,79 +176,72 @@ def retrain_and_release(
     compiled = compile_engines(model_path, trained, workdir)
     lineage = compute_lineage(model_path, frame, compiled.engines, str(window))
     registration = register_candidate(settings, trained, compiled, lineage, workdir, actor)
-    summary = publish_release_summary(registration, trained, compiled, lineage)
+    return registration, publish_release_summary(registration, trained, compiled, lineage)
 
-    release = Release(
-        str(flow_run.id or registration.version), registration.version, registration.lineage_id
-    )
-    calibration = ensure_calibration_set(settings, workdir, window)
-    assess_candidate_calibration(
+
+def _first_release(settings: Settings, summary: ReleaseSummary, release: Release) -> ReleaseSummary:
+    """No stable to canary against: the candidate becomes stable everywhere."""
+    deploy_first_release(settings, release)
+    # filed as "no experiment" (no baseline), so the history lists every release
+    measure_release_experiment(settings, release, None, ReleaseOutcome.promoted, return_state=True)
+    return _finish_with_history(
         settings,
-        release.version,
-        calibration,
-        blessing,
-        workdir,
+        summary,
+        release,
+        ReleaseOutcome.promoted,
+        "first release: no stable to canary against, deployed as stable",
     )
-    blessed = check_blessing(settings, release)
-    if blessed.verdict is not Verdict.passed:
-        return finish_release(
-            settings, summary, release, ReleaseOutcome.not_deployed, blessed.reason
-        )
-    if not deploy:
-        return finish_release(
-            settings,
-            summary,
-            release,
-            ReleaseOutcome.blessed,
-            "deploy=false: blessed, not deployed",
-        )
 
-    request_tensorrt_plan(
-        settings, release.version, wait_s=tensorrt_wait_s
-    )  # skipped without a gpu pool
-    stable = read_fleet_stable(settings)
-    if stable is None:
-        deploy_first_release(settings, release)
-        # filed as "no experiment" (no baseline), so the history lists every release
-        measure_release_experiment(
-            settings, release, None, ReleaseOutcome.promoted, return_state=True
-        )
-        history = publish_impact_history(settings, return_state=True)
-        return finish_release(
-            settings,
-            summary,
-            release,
-            ReleaseOutcome.promoted,
-            "first release: no stable to canary against, deployed as stable",
-            history_url=history.result() if history.is_completed() else None,
-        )
-    if stable == release.version:
-        return finish_release(
-            settings,
-            summary,
-            release,
-            ReleaseOutcome.unchanged,
-            "the fleet already serves this version",
-        )
 
-    plan = plan_canary_steps(
-        settings, release, canary_steps, analysis_window_s, gate, started, champion=stable
+def _ask_to_start(
+    settings: Settings, release: Release, plan: CanaryPlan, approval_timeout_s: int
+) -> GateResult:
+    """The plan says the traffic cannot reach a verdict: a person decides whether to start."""
+    answer = ask_a_person(
+        PlanDecision,
+        f"Canary plan for {release.version}: {plan.summary}. Start the canary anyway?",
+        approval_timeout_s,
     )
-    if not plan.reachable:  # say so before any traffic moves, and let a person decide
-        go_answer = ask_a_person(
-            PlanDecision,
-            f"Canary plan for {release.version}: {plan.summary}. Start the canary anyway?",
-            approval_timeout_s,
-        )
-        go = plan_decision_verdict(go_answer or PlanDecision(), timed_out=go_answer is None)
-        record_decision(settings, release, go, weight=0)
-        if go.verdict is not Verdict.passed:
-            return finish_release(
-                settings, summary, release, ReleaseOutcome.not_deployed, go.reason
-            )
+    go = plan_decision_verdict(answer or PlanDecision(), timed_out=answer is None)
+    record_decision(settings, release, go, weight=0)
+    return go
 
-    outcome = ReleaseOutcome.promoted
-    reason = f"canary passed at {canary_steps[-1]}%: promoted to stable"
+
+def _report_canary_impact(
+    settings: Settings, release: Release, stable: str, impact: ImpactOptions
+) -> None:
+    """What the canary's latency cost in GMV, over the canary's own window; attached to the
+    candidate. A report that fails never fails the release (`return_state`)."""
+    start, end = canary_period(settings, release)
+    impact_report(
+        start=start,
+        end=end,
+        model_versions=[stable, release.version],
+        attach_to=release.version,
+        min_sessions=impact.min_sessions,
+        min_sessions_per_slot=impact.min_sessions_per_slot,
+        refutation_simulations=impact.refutation_simulations,
+        max_refutation_sessions=impact.max_refutation_sessions,
+        seed=impact.seed,
+        return_state=True,
+    )
+
+
+def _canary(
+    settings: Settings,
+    release: Release,
+    stable: str,
+    plan: CanaryPlan,
+    canary_steps: list[int],
+    analysis_window_s: float,
+    approval_timeout_s: int,
+    gate: CanaryRules,
+    capacity: CapacityRules,
+    shadow: ShadowRules,
+) -> tuple[ReleaseOutcome, str]:
+    """The candidate beside its baseline: capacity and shadow at weight 0, then the weighted
+    steps. Any refusal or rejection raises inside the transaction, so the deploy's on_rollback
+    hook takes canary and baseline out of every worker before this returns."""
     decided: list[str] = []  # steps a person passed: the outcome says so
     try:
         with transaction() as txn:
@@ -191,11 +251,12 @@ def retrain_and_release(
             if capacity.enabled:  # before any user: a candidate that cannot take the peak
                 checked = check_capacity(settings, release, gate.max_p95_ms, capacity)
                 if checked.verdict in (Verdict.failed, Verdict.error):  # inconclusive goes on
-                    raise CapacityRefused(checked)
+                    txn.set("verdict_at", time.time())
+                    raise RefusedBeforeUsers("capacity check", checked)
             shadowed = shadow_candidate(settings, release, stable, shadow, gate)
-            if shadowed.verdict in (Verdict.failed, Verdict.error):  # before any user saw it
+            if shadowed.verdict in (Verdict.failed, Verdict.error):
                 txn.set("verdict_at", time.time())
-                raise CanaryRejected(shadowed)
+                raise RefusedBeforeUsers("shadow stage", shadowed)
             for weight in canary_steps:
                 set_canary_weight(settings, release, weight)
                 planned = plan.step(weight)  # a guard step, or a longer last one, at thin traffic
@@ -221,39 +282,29 @@ def retrain_and_release(
                 if step.verdict is not Verdict.passed:
                     txn.set("verdict_at", time.time())  # the hook measures verdict -> weight 0
                     raise CanaryRejected(step)
+            reason = f"canary passed at {canary_steps[-1]}%: promoted to stable"
             if decided:
                 reason = f"promoted to stable after the canary ({'; '.join(decided)})"
             promote_canary(settings, release, reason)
-    except CapacityRefused as refused:  # the deploy's hook took the canary out; nobody saw it
-        outcome, reason = (
-            ReleaseOutcome.refused,
-            f"refused by the capacity check: {refused.gate.reason}",
-        )
+            return ReleaseOutcome.promoted, reason
+    except RefusedBeforeUsers as refused:  # nobody saw it: refused, not rolled back
+        return ReleaseOutcome.refused, refused.reason
     except CanaryRejected as rejected:
         record_rollback(settings, release, rejected.gate)
-        if rejected.gate.gate == "shadow":  # no weight was ever set: refused, not rolled back
-            outcome, reason = ReleaseOutcome.refused, rejected.gate.reason
-        else:  # only now, with the canary out of traffic: why its latency regressed, if it did
-            explained = explain_canary_rejection(settings, release, stable, rejected.gate)
-            outcome, reason = ReleaseOutcome.rolled_back, explained.reason
+        # only now, with the canary out of traffic: why its latency regressed, if it did
+        explained = explain_canary_rejection(settings, release, stable, rejected.gate)
+        return ReleaseOutcome.rolled_back, explained.reason
 
-    # canary vs baseline: the release's randomized effect, filed before the report shows it
-    measure_release_experiment(settings, release, stable, outcome, return_state=True)
-    # what the canary's latency cost, over the canary's own window (a refused one had no users)
-    if impact_report_after and outcome is not ReleaseOutcome.refused:
-        start, end = canary_period(settings, release)
-        impact_report(
-            start=start,
-            end=end,
-            model_versions=[stable, release.version],
-            attach_to=release.version,
-            min_sessions=impact.min_sessions,
-            min_sessions_per_slot=impact.min_sessions_per_slot,
-            refutation_simulations=impact.refutation_simulations,
-            max_refutation_sessions=impact.max_refutation_sessions,
-            seed=impact.seed,
-            return_state=True,
-        )
+
+def _finish_with_history(
+    settings: Settings,
+    summary: ReleaseSummary,
+    release: Release,
+    outcome: ReleaseOutcome,
+    reason: str,
+) -> ReleaseSummary:
+    """Republish the impact history and end the release with its outcome; a history page that
+    fails to build never fails the release."""
     history = publish_impact_history(settings, return_state=True)
     return finish_release(
         settings,

@@ -18,7 +18,7 @@ import re
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -42,25 +42,33 @@ class RoundResult:
         return self.ok / self.seconds if self.seconds > 0 else 0.0
 
 
-def pinned_requests(docs: Sequence[dict[str, Any]], url: str, slot: str, token: str) -> list[bytes]:
-    """Each body as a keep-alive HTTP/1.1 POST pinned to `slot`."""
-    parts = urlsplit(url)
+def post_requests(
+    docs: Sequence[dict[str, Any]], netloc: str, headers: dict[str, str] | None = None
+) -> list[bytes]:
+    """Each body as a complete keep-alive HTTP/1.1 `POST /v1/predict` to `netloc`."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     out = []
     for doc in docs:
         body = json.dumps(doc, separators=(",", ":")).encode()
         head = (
-            f"POST /v1/predict HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            f"Authorization: Bearer {token}\r\nX-Relay-Pin-Slot: {slot}\r\n"
+            f"POST /v1/predict HTTP/1.1\r\nHost: {netloc}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         ).encode()
         out.append(head + body)
     return out
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection with one request outstanding at a time."""
+def pinned_requests(docs: Sequence[dict[str, Any]], url: str, slot: str, token: str) -> list[bytes]:
+    """Each body as a keep-alive HTTP/1.1 POST pinned to `slot`."""
+    pin = {"Authorization": f"Bearer {token}", "X-Relay-Pin-Slot": slot}
+    return post_requests(docs, urlsplit(url).netloc, pin)
 
-    def __init__(self, on_done: Any) -> None:
+
+class HttpConnection(asyncio.Protocol):
+    """One keep-alive connection with one request outstanding at a time; `on_done(conn,
+    status)` is called with each answer's HTTP status once its whole body has arrived."""
+
+    def __init__(self, on_done: Callable[[HttpConnection, int], None]) -> None:
         self.on_done = on_done
         self.buf = bytearray()
         self.need = -1
@@ -70,7 +78,7 @@ class _Connection(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio subclass
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -113,17 +121,17 @@ async def run_round(
     parts = urlsplit(url)
     loop = asyncio.get_running_loop()
     result = RoundResult(rate, seconds)
-    idle: deque[_Connection] = deque()
-    busy: set[_Connection] = set()
+    idle: deque[HttpConnection] = deque()
+    busy: set[HttpConnection] = set()
     backlog: deque[float] = deque()
     counter = [0]
 
-    def send(conn: _Connection, at: float) -> None:
+    def send(conn: HttpConnection, at: float) -> None:
         busy.add(conn)
         conn.send(requests[counter[0] % len(requests)], at)
         counter[0] += 1
 
-    def on_done(conn: _Connection, status: int) -> None:
+    def on_done(conn: HttpConnection, status: int) -> None:
         busy.discard(conn)
         result.latencies_ms.append((time.perf_counter() - conn.sent_at) * 1000)
         result.statuses[status] = result.statuses.get(status, 0) + 1
@@ -139,7 +147,7 @@ async def run_round(
     conns = []
     for _ in range(connections):
         _, conn = await loop.create_connection(
-            lambda: _Connection(on_done), parts.hostname, parts.port
+            lambda: HttpConnection(on_done), parts.hostname, parts.port
         )
         conns.append(conn)
     idle.extend(conns)

@@ -386,20 +386,11 @@ class Worker(CanaryControl):
             log.info("promoted %s to stable", self.table.stable and self.table.stable.version)
             return self.state()
 
-    async def set_latency(
-        self,
-        slot: str,
-        ms: float,
-        factor: float = 1.0,
-        stage: str = "compute",
-        mode: str = "hold",
-        share: float = 1.0,
-    ) -> dict[str, Any]:
+    async def set_latency(self, slot: str, ms: float, **knobs: Any) -> dict[str, Any]:
+        """An injection on `slot` (RoutingTable.with_latency checks it and names its knobs)."""
         async with self._admin_lock:
-            self._swap(self.table.with_latency(slot, ms, factor, stage, mode, share))
-            log.info(
-                "injected x%s + %s ms in %s of %s of %s (%s)", factor, ms, stage, share, slot, mode
-            )
+            self._swap(self.table.with_latency(slot, ms, **knobs))
+            log.info("injected %s on %s", self.table.injection(slot), slot)
             return self.state()
 
     async def set_shadow(self, body: dict[str, Any]) -> dict[str, Any]:

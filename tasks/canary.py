@@ -57,8 +57,13 @@ class CanaryRejected(GateFailed):
         self.gate = gate
 
 
-class CapacityRefused(CanaryRejected):
-    """The capacity check refused the candidate at weight 0: the deploy rolls back, no user saw it."""
+class RefusedBeforeUsers(CanaryRejected):
+    """A stage at weight 0 (the capacity check, the shadow) refused the candidate: the deploy
+    rolls back, and no user was ever routed to it, so the release is refused, not rolled back."""
+
+    def __init__(self, stage: str, gate: GateResult) -> None:
+        super().__init__(gate)
+        self.reason = f"refused by the {stage} before any user: {gate.reason}"
 
 
 class CanaryDecision(RunInput):

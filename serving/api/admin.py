@@ -69,14 +69,8 @@ async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
             "missing_field",
             "body needs 'slot' and 'ms' (and optionally 'factor', 'stage', 'mode', 'share')",
         )
-    return await worker.set_latency(
-        check_slot(body.get("slot")),
-        body["ms"],
-        body.get("factor", 1.0),
-        body.get("stage", "compute"),
-        body.get("mode", "hold"),
-        body.get("share", 1.0),
-    )
+    knobs = {k: body[k] for k in ("factor", "stage", "mode", "share") if k in body}
+    return await worker.set_latency(check_slot(body.get("slot")), body["ms"], **knobs)
 
 
 async def _ranking(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:

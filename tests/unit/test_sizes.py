@@ -24,7 +24,6 @@ MODULES_OVER: dict[str, str] = {
 }
 FUNCTIONS_OVER: dict[str, str] = {
     "core/impact/report.py:render_html": "issue 22 owns core/impact",
-    "flows/release.py:retrain_and_release": "issue 20 is changing its canary loop; 24b its rollback",
     "serving/metrics.py:collect": "issue 21 (serving)",
     "simulation/sessions.py:simulate_traffic": "issue 22 owns simulation",
     "simulation/shop.py:generate_events": "issue 22 owns simulation",
