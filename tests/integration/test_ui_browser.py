@@ -473,6 +473,7 @@ def test_on_call_finds_the_release_that_planted_drift_started_on_the_deployment_
     page.goto(f"{stack.ui_url}/runs/flow-run/{started['id']}?tab=Parameters")
     expect(page.get_by_text(re.compile("drift-watch")).first).to_be_visible()
     page.screenshot(path=ARTIFACTS / "ui-release-started-by-drift.png")
+
     # It runs as any release would, with the deployment's defaults. Whether its candidate is
     # blessed depends on the drifted live traffic it trained on: unblessed, it ends before any
     # canary; blessed, its canary plan runs for minutes, so on-call cancels it (what the run
