@@ -341,6 +341,25 @@ class DeployedStack:
             f"(state {run['state_name']}); worker log:\n{self.worker_log()[-6000:]}"
         )
 
+    def end_release(self, flow_run_id: str, timeout_s: float = 300) -> dict[str, Any]:
+        """A release run started with the deployment's defaults, once it is final: one that ends
+        before any canary (unblessed, say) is waited for; one whose canary takes weight (a plan
+        of many minutes) is cancelled as on-call would from its run page, and must end
+        Cancelled. Either way no canary may outlive it (its hook, at worst its lease)."""
+
+        def canary_or_end() -> str | None:
+            if self.api("GET", f"/flow_runs/{flow_run_id}")["state_type"] in FINAL:
+                return "ended"
+            return "canary" if self.canary_weights() != {0} else None
+
+        if self.wait_for(canary_or_end, timeout_s, "the release's canary or its end") == "canary":
+            cancel = self.prefect("flow-run", "cancel", flow_run_id)
+            assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+            final = self.wait_for_run(flow_run_id, timeout_s=120)
+            assert final["state_type"] == "CANCELLED", final["state"]
+        self.wait_for(lambda: self.canary_weights() == {0}, 120, "no canary after the release")
+        return self.api("GET", f"/flow_runs/{flow_run_id}")
+
     def artifacts(self, flow_run_id: str) -> dict[str, dict[str, Any]]:
         """The flow run's keyed artifacts by key."""
         found = self.api(
