@@ -66,7 +66,10 @@ def fleet_urls(settings: Settings) -> list[str]:
 def read_peak_per_worker(
     settings: Settings, rules: CapacityRules, workers: int
 ) -> tuple[float, str]:
-    """The busiest second of the last `history_days`, per worker, and where the figure came from."""
+    """The busiest second of the last `history_days`, per worker, and where the figure came from;
+    the rules' `peak_rps` instead, where the operator set one."""
+    if rules.peak_rps is not None:
+        return rules.peak_rps, f"peak {rules.peak_rps:g} req/s per worker, as the run set it"
     end = datetime.now(UTC)
     try:
         fleet_peak = query_peak_rate(

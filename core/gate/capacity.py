@@ -59,6 +59,9 @@ class CapacityRules:
     connections: Annotated[int, Field(ge=1, le=256)] = 32  # load-test connections to the worker
     floor_rps: Annotated[float, Field(gt=0)] = 20.0  # the peak per worker when there is no history
     history_days: Annotated[float, Field(gt=0, le=90)] = 7.0  # where the fleet's peak is read
+    # The peak per worker to start the ladder from, when the operator knows it (a planned sale,
+    # a fleet resized since): None reads the busiest second of the last `history_days`.
+    peak_rps: Annotated[float, Field(gt=0)] | None = None
 
     def __post_init__(self) -> None:
         if not self.rate_growth > 1:

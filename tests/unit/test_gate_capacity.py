@@ -95,3 +95,12 @@ def test_the_bracket_is_where_either_version_first_misses_the_slo() -> None:
     rounds = rounds_for(CHAMPION, 1000.0) + rounds_for(CANDIDATE, 300.0)
     # the candidate: 400 req/s -> 105 ms, 800 -> 505 ms (missed); the champion holds at 800
     assert bracket(rounds, SLO, CapacityRules()) == (400.0, 800.0)
+
+
+def test_a_peak_the_run_sets_is_the_ladder_start_and_the_log_store_is_not_read() -> None:
+    from relay.settings import Settings
+    from tasks.capacity import read_peak_per_worker
+
+    unreachable = Settings(clickhouse_dsn="clickhouse://127.0.0.1:9/none")  # never dialled
+    peak, basis = read_peak_per_worker(unreachable, CapacityRules(peak_rps=60.0), workers=2)
+    assert peak == 60.0 and "as the run set it" in basis
