@@ -171,140 +171,153 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
-        yield GaugeMetricFamily(
-            "relay_ready", "1 when the worker takes traffic.", value=int(s.ready)
-        )
-        yield GaugeMetricFamily(
-            "relay_queue_depth", "Requests waiting for an engine call.", value=s.queue_depth
-        )
-        by_slot = GaugeMetricFamily(
-            "relay_batcher_queue_depth",
-            "Requests waiting for an engine call, by slot: the signal to scale workers on.",
-            labels=["slot"],
-        )
-        for slot, depth in s.queue_depth_by_slot.items():
-            by_slot.add_metric([slot], depth)
-        yield by_slot
-        yield GaugeMetricFamily(
-            "relay_canary_weight", "Percent of users routed to the canary.", value=s.canary_weight
-        )
-        yield GaugeMetricFamily(
-            "relay_canary_lease_seconds_left",
-            "Seconds until the canary's weight lapses to 0 unless the release renews it "
-            "(0 without a lease).",
-            value=s.canary_lease_seconds_left,
-        )
-        yield CounterMetricFamily(
-            "relay_canary_lease_expirations",
-            "Canary leases that ran out unrenewed, taking the canary's weight to 0.",
-            value=s.canary_lease_expirations,
-        )
-        injected = GaugeMetricFamily(
-            "relay_injected_latency_ms", "Latency added to each request, by slot.", labels=["slot"]
-        )
-        for slot, ms in s.injected_latency_ms.items():
-            injected.add_metric([slot], ms)
-        yield injected
-        slowdown = GaugeMetricFamily(
-            "relay_injected_slowdown",
-            "Factor each request's latency is multiplied by, by slot (1 = none).",
-            labels=["slot"],
-        )
-        for slot, factor in s.injected_slowdown.items():
-            slowdown.add_metric([slot], factor)
-        yield slowdown
-        info = GaugeMetricFamily(
-            "relay_model_info",
-            "The model in each slot (value 1).",
-            labels=["slot", "version", "lineage_id", "engine"],
-        )
-        for m in s.models:
-            info.add_metric([m["slot"], m["version"], m["lineage_id"], m["engine"]], 1)
-        yield info
-        yield GaugeMetricFamily(
-            "relay_binary_connections",
-            "Open binary-protocol connections.",
-            value=s.binary_connections,
-        )
-        yield GaugeMetricFamily(
-            "relay_log_buffered_rows",
-            "Log rows not yet in a segment or ClickHouse (written ahead, or in memory only).",
-            value=s.log_buffered_rows,
-        )
-        rows = CounterMetricFamily(
-            "relay_log_rows", "Log rows written, by where they went.", labels=["sink"]
-        )
-        for sink, n in s.log_rows.items():
-            rows.add_metric([sink], n)
-        yield rows
-        yield GaugeMetricFamily(
-            "relay_spool_segments", "Spool segments waiting for ingestion.", value=s.spool_segments
-        )
-        yield GaugeMetricFamily(
-            "relay_spool_bytes", "Bytes of spool waiting for ingestion.", value=s.spool_bytes
-        )
-        yield GaugeMetricFamily(
-            "relay_spool_cap_bytes",
-            "Spool size above which the worker is not ready.",
-            value=s.spool_cap_bytes,
-        )
-        yield GaugeMetricFamily(
-            "relay_spool_over_cap",
-            "1 while the spool is over its cap.",
-            value=int(s.spool_over_cap),
-        )
-        yield GaugeMetricFamily(
-            "relay_log_wal_ok",
-            "1 while log rows are written ahead before answers leave; 0: kept in memory only.",
-            value=int(s.log_wal_ok),
-        )
-        yield CounterMetricFamily(
-            "relay_log_wal_failures",
-            "Log rows the write-ahead file could not take (kept in memory instead).",
-            value=s.log_wal_failures,
-        )
-        pending = GaugeMetricFamily(
-            "relay_log_pending_rows",
-            "Log rows written ahead but not yet in a segment or ClickHouse, by table.",
-            labels=["table"],
-        )
-        for table, n in s.log_pending_rows.items():
-            pending.add_metric([table], n)
-        yield pending
-        written = CounterMetricFamily(
-            "relay_log_written_rows",
-            "Log rows written out (a spool segment or a ClickHouse insert), by table.",
-            labels=["table"],
-        )
-        for table, n in s.log_written_rows.items():
-            written.add_metric([table], n)
-        yield written
-        yield GaugeMetricFamily(
-            "relay_log_pending_limit",
-            "Pending log rows of one table above which predict requests are refused.",
-            value=s.log_pending_limit,
-        )
-        yield CounterMetricFamily(
-            "relay_log_backpressure_rejections",
-            "Predict requests refused (503 log_backpressure) because a log writer was behind.",
-            value=s.log_backpressure_rejections,
-        )
-        for name, text in (
-            ("mirrored", "Stable's answered requests also scored by the canary slot in shadow."),
-            ("dropped", "Requests chosen for the shadow but dropped: the mirror queue was full."),
-            ("errors", "Mirrored requests the canary slot answered with an error."),
-        ):
-            yield CounterMetricFamily(f"relay_shadow_{name}", text, value=s.shadow.get(name, 0))
-        spans = CounterMetricFamily(
-            "relay_trace_spans",
-            "Request and admin spans recorded (sampled) and exported over OTLP.",
-            labels=["outcome"],
-        )
-        for outcome in ("recorded", "exported"):
-            spans.add_metric([outcome], s.trace_spans.get(outcome, 0))
-        yield spans
-        yield CounterMetricFamily(
-            "relay_trace_spans_dropped",
-            "Spans dropped: the export queue was full or the collector did not take them.",
-            value=s.trace_spans.get("dropped", 0),
-        )
+        yield from _routing_metrics(s)
+        yield from _log_metrics(s)
+        yield from _shadow_and_trace_metrics(s)
+
+
+def _routing_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
+    """Readiness, queues, the canary's weight and lease, injected faults, models, connections."""
+    yield GaugeMetricFamily("relay_ready", "1 when the worker takes traffic.", value=int(s.ready))
+    yield GaugeMetricFamily(
+        "relay_queue_depth", "Requests waiting for an engine call.", value=s.queue_depth
+    )
+    by_slot = GaugeMetricFamily(
+        "relay_batcher_queue_depth",
+        "Requests waiting for an engine call, by slot: the signal to scale workers on.",
+        labels=["slot"],
+    )
+    for slot, depth in s.queue_depth_by_slot.items():
+        by_slot.add_metric([slot], depth)
+    yield by_slot
+    yield GaugeMetricFamily(
+        "relay_canary_weight", "Percent of users routed to the canary.", value=s.canary_weight
+    )
+    yield GaugeMetricFamily(
+        "relay_canary_lease_seconds_left",
+        "Seconds until the canary's weight lapses to 0 unless the release renews it "
+        "(0 without a lease).",
+        value=s.canary_lease_seconds_left,
+    )
+    yield CounterMetricFamily(
+        "relay_canary_lease_expirations",
+        "Canary leases that ran out unrenewed, taking the canary's weight to 0.",
+        value=s.canary_lease_expirations,
+    )
+    injected = GaugeMetricFamily(
+        "relay_injected_latency_ms", "Latency added to each request, by slot.", labels=["slot"]
+    )
+    for slot, ms in s.injected_latency_ms.items():
+        injected.add_metric([slot], ms)
+    yield injected
+    slowdown = GaugeMetricFamily(
+        "relay_injected_slowdown",
+        "Factor each request's latency is multiplied by, by slot (1 = none).",
+        labels=["slot"],
+    )
+    for slot, factor in s.injected_slowdown.items():
+        slowdown.add_metric([slot], factor)
+    yield slowdown
+    info = GaugeMetricFamily(
+        "relay_model_info",
+        "The model in each slot (value 1).",
+        labels=["slot", "version", "lineage_id", "engine"],
+    )
+    for m in s.models:
+        info.add_metric([m["slot"], m["version"], m["lineage_id"], m["engine"]], 1)
+    yield info
+    yield GaugeMetricFamily(
+        "relay_binary_connections",
+        "Open binary-protocol connections.",
+        value=s.binary_connections,
+    )
+
+
+def _log_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
+    """The durable log path: rows buffered, written ahead, spooled and written out; backpressure."""
+    yield GaugeMetricFamily(
+        "relay_log_buffered_rows",
+        "Log rows not yet in a segment or ClickHouse (written ahead, or in memory only).",
+        value=s.log_buffered_rows,
+    )
+    rows = CounterMetricFamily(
+        "relay_log_rows", "Log rows written, by where they went.", labels=["sink"]
+    )
+    for sink, n in s.log_rows.items():
+        rows.add_metric([sink], n)
+    yield rows
+    yield GaugeMetricFamily(
+        "relay_spool_segments", "Spool segments waiting for ingestion.", value=s.spool_segments
+    )
+    yield GaugeMetricFamily(
+        "relay_spool_bytes", "Bytes of spool waiting for ingestion.", value=s.spool_bytes
+    )
+    yield GaugeMetricFamily(
+        "relay_spool_cap_bytes",
+        "Spool size above which the worker is not ready.",
+        value=s.spool_cap_bytes,
+    )
+    yield GaugeMetricFamily(
+        "relay_spool_over_cap",
+        "1 while the spool is over its cap.",
+        value=int(s.spool_over_cap),
+    )
+    yield GaugeMetricFamily(
+        "relay_log_wal_ok",
+        "1 while log rows are written ahead before answers leave; 0: kept in memory only.",
+        value=int(s.log_wal_ok),
+    )
+    yield CounterMetricFamily(
+        "relay_log_wal_failures",
+        "Log rows the write-ahead file could not take (kept in memory instead).",
+        value=s.log_wal_failures,
+    )
+    pending = GaugeMetricFamily(
+        "relay_log_pending_rows",
+        "Log rows written ahead but not yet in a segment or ClickHouse, by table.",
+        labels=["table"],
+    )
+    for table, n in s.log_pending_rows.items():
+        pending.add_metric([table], n)
+    yield pending
+    written = CounterMetricFamily(
+        "relay_log_written_rows",
+        "Log rows written out (a spool segment or a ClickHouse insert), by table.",
+        labels=["table"],
+    )
+    for table, n in s.log_written_rows.items():
+        written.add_metric([table], n)
+    yield written
+    yield GaugeMetricFamily(
+        "relay_log_pending_limit",
+        "Pending log rows of one table above which predict requests are refused.",
+        value=s.log_pending_limit,
+    )
+    yield CounterMetricFamily(
+        "relay_log_backpressure_rejections",
+        "Predict requests refused (503 log_backpressure) because a log writer was behind.",
+        value=s.log_backpressure_rejections,
+    )
+
+
+def _shadow_and_trace_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
+    """Mirrored requests of the shadow stage, and trace spans recorded and exported."""
+    for name, text in (
+        ("mirrored", "Stable's answered requests also scored by the canary slot in shadow."),
+        ("dropped", "Requests chosen for the shadow but dropped: the mirror queue was full."),
+        ("errors", "Mirrored requests the canary slot answered with an error."),
+    ):
+        yield CounterMetricFamily(f"relay_shadow_{name}", text, value=s.shadow.get(name, 0))
+    spans = CounterMetricFamily(
+        "relay_trace_spans",
+        "Request and admin spans recorded (sampled) and exported over OTLP.",
+        labels=["outcome"],
+    )
+    for outcome in ("recorded", "exported"):
+        spans.add_metric([outcome], s.trace_spans.get(outcome, 0))
+    yield spans
+    yield CounterMetricFamily(
+        "relay_trace_spans_dropped",
+        "Spans dropped: the export queue was full or the collector did not take them.",
+        value=s.trace_spans.get("dropped", 0),
+    )

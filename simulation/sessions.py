@@ -159,13 +159,7 @@ def simulate_traffic(config: TrafficConfig, start: datetime, end: datetime) -> S
     Request timestamps fall inside each session's length, so a session that starts near `end`
     may log requests shortly after it.
     """
-    if config.n_sessions < 0:
-        raise ValueError(f"n_sessions must be >= 0, got {config.n_sessions}")
-    if end <= start:
-        raise ValueError(f"end must be after start, got [{start}, {end})")
-    shares = np.array([s.share for s in config.slots], dtype=np.float64)
-    if not config.slots or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0):
-        raise ValueError(f"slot shares must be >= 0 and sum to 1, got {shares.tolist()}")
+    shares = _checked_shares(config, start, end)
     world = config.world
     rng = np.random.default_rng([config.seed, config.n_sessions, int(start.timestamp())])
     n = config.n_sessions
@@ -206,39 +200,68 @@ def simulate_traffic(config: TrafficConfig, start: datetime, end: datetime) -> S
             "gmv": outcomes.gmv.astype(np.float64),
         }
     )
+    requests_of = pd.DataFrame(
+        {"ts": ts, "user_id": user_ids[owner], "session_id": session_ids[owner]}
+    )
+    logs = _request_logs(rng, config.slots, requests_of, slot_index[owner], latency)
+    return SimulatedTraffic(sessions=sessions, logs=logs)
 
-    # Latency splits into its stages the way a serving worker reports them.
-    queue = latency * rng.uniform(0.05, 0.25, owner.size)
-    pre = latency * rng.uniform(0.05, 0.15, owner.size)
+
+def _checked_shares(config: TrafficConfig, start: datetime, end: datetime) -> np.ndarray:
+    """The slots' shares, after checking the counts, the window and that the shares sum to 1."""
+    if config.n_sessions < 0:
+        raise ValueError(f"n_sessions must be >= 0, got {config.n_sessions}")
+    if end <= start:
+        raise ValueError(f"end must be after start, got [{start}, {end})")
+    shares = np.array([s.share for s in config.slots], dtype=np.float64)
+    if not config.slots or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0):
+        raise ValueError(f"slot shares must be >= 0 and sum to 1, got {shares.tolist()}")
+    return shares
+
+
+def _request_logs(
+    rng: np.random.Generator,
+    slots: tuple[SlotTraffic, ...],
+    requests: pd.DataFrame,
+    slot_of_row: np.ndarray,
+    latency: np.ndarray,
+) -> pd.DataFrame:
+    """inference_logs rows for `requests` (ts, user_id, session_id), latency split into stages.
+
+    The stages split the way a serving worker reports them. Draws continue `rng` in a fixed
+    order (stages, failures, request ids, batch sizes, input sizes): the same seed, same rows.
+    """
+    rows = len(requests)
+    queue = latency * rng.uniform(0.05, 0.25, rows)
+    pre = latency * rng.uniform(0.05, 0.15, rows)
     post = latency * 0.05
     compute = latency - queue - pre - post
-    slot_of_row = slot_index[owner]
-    failed = rng.random(owner.size) < 0.002
-    logs = pd.DataFrame(
+    failed = rng.random(rows) < 0.002
+    request_ids = _ids(rng, "r", rows)
+
+    def per_slot(values: list[str]) -> np.ndarray:
+        return np.asarray(values, dtype=object)[slot_of_row]
+
+    return pd.DataFrame(
         {
-            "ts": ts,
-            "request_id": _ids(rng, "r", owner.size),
-            "user_id": user_ids[owner],
-            "session_id": session_ids[owner],
-            "slot": np.asarray([s.slot for s in config.slots], dtype=object)[slot_of_row],
-            "model_version": np.asarray([s.model_version for s in config.slots], dtype=object)[
-                slot_of_row
-            ],
-            "lineage_id": np.asarray([s.lineage_id for s in config.slots], dtype=object)[
-                slot_of_row
-            ],
+            "ts": requests["ts"],
+            "request_id": request_ids,
+            "user_id": requests["user_id"],
+            "session_id": requests["session_id"],
+            "slot": per_slot([s.slot for s in slots]),
+            "model_version": per_slot([s.model_version for s in slots]),
+            "lineage_id": per_slot([s.lineage_id for s in slots]),
             "latency_ms": latency.astype(np.float32),
             "queue_ms": queue.astype(np.float32),
             "preprocess_ms": pre.astype(np.float32),
             "compute_ms": compute.astype(np.float32),
             "postprocess_ms": post.astype(np.float32),
-            "batch_size": rng.integers(1, 65, owner.size).astype(np.uint16),
-            "input_bytes": rng.integers(900, 1300, owner.size).astype(np.uint32),
+            "batch_size": rng.integers(1, 65, rows).astype(np.uint16),
+            "input_bytes": rng.integers(900, 1300, rows).astype(np.uint32),
             "status": np.where(failed, 503, 200).astype(np.uint16),
             "error_code": np.where(failed, "overloaded", "").astype(object),
         }
     )
-    return SimulatedTraffic(sessions=sessions, logs=logs)
 
 
 def _ids(rng: np.random.Generator, prefix: str, n: int) -> np.ndarray:

@@ -115,18 +115,20 @@ def true_ctr(
     return _sigmoid(logit)
 
 
-def generate_events(
-    cfg: ShopConfig, n_events: int, end: datetime, days: float = 7.0, chunk: int = 0
-) -> pd.DataFrame:
-    """`n_events` impressions with click labels, spread over `days` before `end` (UTC).
+def _session_timeline(
+    cfg: ShopConfig,
+    pop: Population,
+    rng: np.random.Generator,
+    n_events: int,
+    end: datetime,
+    days: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, pd.DatetimeIndex]:
+    """Sessions: a user (heavy users come back more), a start time, a feed scrolled in order.
 
-    Chunks share the seed's users and items but draw their own sessions (ids prefixed by chunk).
+    Per event: its session, the session's user, its 0-based depth in the session, the seconds
+    since the session began, and its timestamp.
     """
-    pop = make_population(cfg)
-    rng = np.random.default_rng([cfg.seed, chunk, n_events, int(end.timestamp())])
     n_sessions = max(1, int(n_events / cfg.events_per_session))
-
-    # Sessions: a user (heavy users come back more), a start time, a feed scrolled in order.
     user_weights = pop.user_activity / pop.user_activity.sum()
     session_user = rng.choice(len(user_weights), n_sessions, p=user_weights)
     evening = rng.random(n_sessions) < 0.35
@@ -140,15 +142,20 @@ def generate_events(
 
     session = np.sort(rng.integers(0, n_sessions, n_events))
     first = np.searchsorted(session, session, side="left")
-    depth = np.arange(n_events) - first  # 0-based rank within the session
-    user = session_user[session]
+    depth = np.arange(n_events) - first
     gaps = rng.exponential(12.0, n_events)
     elapsed = np.cumsum(gaps) - np.cumsum(gaps)[first] + gaps[first]
     ts_s = start_s[session] + elapsed
     t0 = end - timedelta(days=days)
     ts = pd.to_datetime(t0.timestamp() + ts_s, unit="s", utc=True)
+    return session, session_user[session], depth, elapsed, ts
 
-    # What the feed shows: mostly the user's favourite categories.
+
+def _feed_items(
+    cfg: ShopConfig, pop: Population, rng: np.random.Generator, user: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """What the feed shows each event's user (mostly their favourite categories): item, category."""
+    n_events = len(user)
     fav_pick = rng.integers(0, 3, n_events)
     from_favs = rng.random(n_events) < 0.6
     category = np.where(
@@ -162,7 +169,20 @@ def generate_events(
             pool = np.arange(cfg.n_items)
             category[rows] = pop.item_category[pool[0]]
         item[rows] = pool[rng.integers(0, len(pool), len(rows))]
-    category = pop.item_category[item]
+    return item, pop.item_category[item]
+
+
+def generate_events(
+    cfg: ShopConfig, n_events: int, end: datetime, days: float = 7.0, chunk: int = 0
+) -> pd.DataFrame:
+    """`n_events` impressions with click labels, spread over `days` before `end` (UTC).
+
+    Chunks share the seed's users and items but draw their own sessions (ids prefixed by chunk).
+    """
+    pop = make_population(cfg)
+    rng = np.random.default_rng([cfg.seed, chunk, n_events, int(end.timestamp())])
+    session, user, depth, elapsed, ts = _session_timeline(cfg, pop, rng, n_events, end, days)
+    item, category = _feed_items(cfg, pop, rng, user)
 
     is_fav = (pop.user_favs[user] == category[:, None]).any(axis=1)
     affinity = np.clip(np.where(is_fav, 0.7, 0.05) + rng.normal(0, 0.1, n_events), 0, 1)

@@ -35,6 +35,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -95,7 +96,7 @@ def open_sessions_log(settings: Settings) -> RequestLogWriter:
     return writer
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m simulation.shop_service", description=__doc__)
     parser.add_argument("--rate-rps", type=float, default=20.0, help="feeds a second (20)")
     parser.add_argument("--round-s", type=float, default=10.0, help="seconds a round (10)")
@@ -105,30 +106,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-users", type=int, default=ShopConfig.n_users)
     parser.add_argument("--n-items", type=int, default=ShopConfig.n_items)
     parser.add_argument("--drift-file", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _checked_shop(args: argparse.Namespace, urls: list[str]) -> ShopConfig:
+    """The shop's world, once every argument is in range; a ValueError names the one that is not."""
+    LiveTraffic(rate_rps=args.rate_rps, duration_s=args.round_s)  # checks both bounds
+    if not 0 < args.max_hours <= 24 * 7:
+        raise ValueError(f"--max-hours must be in (0, 168], got {args.max_hours}")
+    if args.n_users < 1 or args.n_items < 20:
+        raise ValueError("--n-users must be >= 1 and --n-items >= 20 (a feed's candidates)")
+    if not urls:
+        raise ValueError("RELAY_SERVING_FLEET_URLS names no serving worker")
+    return ShopConfig(seed=args.shop_seed, n_users=args.n_users, n_items=args.n_items)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request drowns the rounds
     settings = get_settings()
     urls = [u.strip() for u in settings.serving_fleet_urls.split(",") if u.strip()]
     drift_file = args.drift_file or settings.home / "shop" / "drift.json"
     try:
-        LiveTraffic(rate_rps=args.rate_rps, duration_s=args.round_s)  # checks both bounds
-        if not 0 < args.max_hours <= 24 * 7:
-            raise ValueError(f"--max-hours must be in (0, 168], got {args.max_hours}")
-        if args.n_users < 1 or args.n_items < 20:
-            raise ValueError("--n-users must be >= 1 and --n-items >= 20 (a feed's candidates)")
-        shop = ShopConfig(seed=args.shop_seed, n_users=args.n_users, n_items=args.n_items)
-        if not urls:
-            raise ValueError("RELAY_SERVING_FLEET_URLS names no serving worker")
+        shop = _checked_shop(args, urls)
     except ValueError as exc:
         print(f"shop: {exc}", file=sys.stderr)
         return 2
 
-    stopping = False
+    stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
+        stopping.set()
         log.info("signal %d: stopping after this round", signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -147,39 +156,56 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log.error("shop: cannot write sessions to the log spool: %s", exc)
         return 1
-    rounds = logged = 0
     try:
-        while not stopping and time.monotonic() < deadline:
-            try:
-                drift = read_drift(drift_file)
-            except ValueError as exc:
-                log.error("%s: this round runs without drift", exc)
-                drift = None
-            duration = min(args.round_s, max(deadline - time.monotonic(), 0.1))
-            traffic = LiveTraffic(
-                rate_rps=args.rate_rps, duration_s=duration, seed=args.seed + rounds, drift=drift
-            )
-            report = drive(urls, traffic, shop)
-            rows = session_rows(report.sessions)
-            sessions_log.append_group(rows)  # one record: a round's sessions survive together
-            rounds += 1
-            logged += len(rows)
-            log.info(
-                "round %d: %d feeds, %d failed, by slot %s, clicks %s, feedback failed %d, "
-                "%d sessions logged%s",
-                rounds,
-                report.requests,
-                report.failed,
-                report.by_slot,
-                report.clicks_by_slot,
-                report.feedback_failed,
-                len(rows),
-                f", drift {drift.kind} x{drift.magnitude:g}" if drift else "",
-            )
+        rounds, logged = _run_rounds(args, urls, shop, drift_file, sessions_log, stopping, deadline)
     finally:
         sessions_log.close()  # writes every session still buffered
     log.info("shop: stopped after %d rounds, %d sessions logged", rounds, logged)
     return 0
+
+
+def _run_rounds(
+    args: argparse.Namespace,
+    urls: list[str],
+    shop: ShopConfig,
+    drift_file: Path,
+    sessions_log: RequestLogWriter,
+    stopping: threading.Event,
+    deadline: float,
+) -> tuple[int, int]:
+    """Rounds of shoppers until a signal or the deadline; returns (rounds, sessions logged).
+
+    Each round rereads the drift file, so a drift planted mid-run takes effect at the next round.
+    """
+    rounds = logged = 0
+    while not stopping.is_set() and time.monotonic() < deadline:
+        try:
+            drift = read_drift(drift_file)
+        except ValueError as exc:
+            log.error("%s: this round runs without drift", exc)
+            drift = None
+        duration = min(args.round_s, max(deadline - time.monotonic(), 0.1))
+        traffic = LiveTraffic(
+            rate_rps=args.rate_rps, duration_s=duration, seed=args.seed + rounds, drift=drift
+        )
+        report = drive(urls, traffic, shop)
+        rows = session_rows(report.sessions)
+        sessions_log.append_group(rows)  # one record: a round's sessions survive together
+        rounds += 1
+        logged += len(rows)
+        log.info(
+            "round %d: %d feeds, %d failed, by slot %s, clicks %s, feedback failed %d, "
+            "%d sessions logged%s",
+            rounds,
+            report.requests,
+            report.failed,
+            report.by_slot,
+            report.clicks_by_slot,
+            report.feedback_failed,
+            len(rows),
+            f", drift {drift.kind} x{drift.magnitude:g}" if drift else "",
+        )
+    return rounds, logged
 
 
 if __name__ == "__main__":

@@ -105,6 +105,51 @@ def request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
     ]
 
 
+def _feeds(traffic: LiveTraffic, shop: ShopConfig | None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The predict bodies a drive sends, in order, and the shopper session each belongs to."""
+    n_requests = min(traffic.max_requests, max(1, int(traffic.rate_rps * traffic.duration_s)))
+    events = generate_events(
+        shop or ShopConfig(),
+        n_requests * traffic.candidates,
+        datetime.now(UTC),
+        days=0.05,
+        chunk=traffic.seed,
+    )
+    events["position"] = SERVE_POSITION
+    if traffic.drift is not None:
+        events = apply_drift(events, traffic.drift, np.random.default_rng(traffic.seed))
+    bodies = request_bodies(events, traffic.candidates)
+    run = uuid.uuid4().hex[:8]
+    session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
+    for body, session_id in zip(bodies, session_of, strict=True):
+        body["session"]["session_id"] = session_id
+    return bodies, session_of
+
+
+def _report(
+    bodies: list[dict[str, Any]],
+    session_of: list[str],
+    traffic: LiveTraffic,
+    latencies: np.ndarray,
+    sent_at: np.ndarray,
+    slots: list[str | None],
+    clicks: np.ndarray,
+    quality: np.ndarray,
+    feedback_failed: np.ndarray,
+) -> TrafficReport:
+    """What a drive's requests met: counts by slot, clicks, failures, and the sessions' rows."""
+    sent_mask = ~np.isnan(sent_at)  # a worker that took an index after the stop sent nothing
+    report = TrafficReport(requests=int(sent_mask.sum()))
+    report.failed = int((sent_mask & np.isnan(latencies)).sum())
+    for slot, clicked in zip(slots, clicks.tolist(), strict=True):
+        if slot is not None:
+            report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
+            report.clicks_by_slot[slot] = report.clicks_by_slot.get(slot, 0) + clicked
+    report.feedback_failed = int(feedback_failed.sum())
+    report.sessions = _sessions(bodies, session_of, latencies, sent_at, traffic, quality)
+    return report
+
+
 def drive(
     urls: Sequence[str],
     traffic: LiveTraffic,
@@ -117,25 +162,9 @@ def drive(
     """
     if not urls:
         raise ValueError("no serving worker URLs to drive traffic to")
-    n_requests = min(traffic.max_requests, max(1, int(traffic.rate_rps * traffic.duration_s)))
-    events = generate_events(
-        shop or ShopConfig(),
-        n_requests * traffic.candidates,
-        datetime.now(UTC),
-        days=0.05,
-        chunk=traffic.seed,
-    )
-    events["position"] = SERVE_POSITION
-    if traffic.drift is not None:
-        events = apply_drift(events, traffic.drift, np.random.default_rng(traffic.seed))
+    bodies, session_of = _feeds(traffic, shop)
     population = make_population(shop or ShopConfig()) if traffic.feedback else None
-    bodies = request_bodies(events, traffic.candidates)
-    run = uuid.uuid4().hex[:8]
-    salt = int(run, 16)  # each drive's shoppers draw their own clicks
-    session_of = [f"live-{run}-{i // traffic.requests_per_session}" for i in range(len(bodies))]
-    for body, session_id in zip(bodies, session_of, strict=True):
-        body["session"]["session_id"] = session_id
-
+    salt = uuid.uuid4().int & 0xFFFFFFFF  # each drive's shoppers draw their own clicks
     latencies = np.full(len(bodies), np.nan)
     sent_at = np.full(len(bodies), np.nan)  # wall clock (Unix s): a session starts at its first
     slots: list[str | None] = [None] * len(bodies)
@@ -186,16 +215,9 @@ def drive(
             for c in clients:
                 c.close()
 
-    sent_mask = ~np.isnan(sent_at)  # a worker that took an index after the stop sent nothing
-    report = TrafficReport(requests=int(sent_mask.sum()))
-    report.failed = int((sent_mask & np.isnan(latencies)).sum())
-    for slot, clicked in zip(slots, clicks.tolist(), strict=True):
-        if slot is not None:
-            report.by_slot[slot] = report.by_slot.get(slot, 0) + 1
-            report.clicks_by_slot[slot] = report.clicks_by_slot.get(slot, 0) + clicked
-    report.feedback_failed = int(feedback_failed.sum())
-    report.sessions = _sessions(bodies, session_of, latencies, sent_at, traffic, quality)
-    return report
+    return _report(
+        bodies, session_of, traffic, latencies, sent_at, slots, clicks, quality, feedback_failed
+    )
 
 
 @contextmanager

@@ -19,13 +19,12 @@ from core.impact.estimation import (
     PreparedSessions,
     bin_by_latency,
     causal_graph,
-    compare_slots,
     correlate,
     estimate_causal_effect,
     fit_ols,
     prepare_sessions,
-    translate_to_business,
 )
+from core.impact.translation import compare_slots, translate_to_business
 from core.impact.types import (
     MEDIATOR,
     OUTCOME,

@@ -1,18 +1,17 @@
 """Renderings of an `ImpactReport`: self-contained HTML, the JSON of every figure, markdown.
 
-Each figure is first described as plain data (`build_figures`); the PNG embedded in the HTML is
-drawn from exactly that data, and the JSON carries it, so every plotted number can be checked.
+The figures, as data and as PNG, are built in `core.impact.figures`; the HTML embeds them and
+the JSON carries their data.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import math
 from typing import Any
 
+from core.impact.figures import build_figures, draw_figure, json_safe
 from core.impact.types import (
     ImpactFinding,
     ImpactReport,
@@ -27,192 +26,8 @@ _FINDING_TEXT = {
     ImpactFinding.insufficient_data: ("Insufficient data", "#bf8700"),
     ImpactFinding.no_data: ("No data", "#cf222e"),
 }
-_COLORS = ("#1f6feb", "#d1242f", "#2da44e", "#8250df", "#bf8700", "#57606a")
 
 
-def _finite(value: Any) -> Any:
-    """The value with NaN and infinities replaced by None, so the JSON stays strict."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-# -- figures as data -----------------------------------------------------------------------------
-def build_figures(report: ImpactReport) -> dict[str, dict[str, Any]]:
-    """The data of every figure the report draws, keyed by figure name (absent when empty)."""
-    figures: dict[str, dict[str, Any]] = {}
-    if report.latency_histogram:
-        series: dict[str, dict[str, list[float]]] = {}
-        totals: dict[str, int] = {}
-        for row in report.latency_histogram:
-            totals[row["model_version"]] = totals.get(row["model_version"], 0) + row["requests"]
-        for row in report.latency_histogram:
-            entry = series.setdefault(row["model_version"], {"bin_start_ms": [], "share": []})
-            entry["bin_start_ms"].append(row["bin_start_ms"])
-            entry["share"].append(row["requests"] / totals[row["model_version"]])
-        figures["latency_by_version"] = {
-            "title": "Request latency by model version",
-            "x_label": "request latency (ms); the last bin holds everything above it",
-            "y_label": "share of the version's requests",
-            "bin_ms": report.histogram_bin_ms,
-            "series": [{"version": v, **s, "requests": totals[v]} for v, s in series.items()],
-            "quantiles": report.latency_profile,
-        }
-    for key, bins, label in (
-        ("gmv_by_latency", report.gmv_by_latency, "GMV per session"),
-        ("session_length_by_latency", report.length_by_latency, "session length (s)"),
-    ):
-        if bins:
-            figures[key] = {
-                "title": f"{label} against session mean latency (quantile bins, 95 % CI)",
-                "x_label": "session mean latency (ms)",
-                "y_label": label,
-                "bins": [b.model_dump() for b in bins],
-            }
-    if report.estimates:
-        figures["effect_estimates"] = {
-            "title": "Effect of +1 ms mean latency on GMV per session (95 % CI)",
-            "x_label": "GMV per session per ms",
-            "estimates": [
-                {
-                    "key": e.key,
-                    "label": e.label,
-                    "value": e.value,
-                    "ci_low": e.ci_low,
-                    "ci_high": e.ci_high,
-                    "interval_method": e.interval_method,
-                }
-                for e in report.estimates
-            ],
-        }
-    if report.refutations:
-        figures["refutations"] = {
-            "title": "Refutations of the back-door estimate: re-estimate vs expected ± tolerance",
-            "x_label": "GMV per session per ms",
-            "refutations": [r.model_dump() for r in report.refutations],
-        }
-    slots = report.slots
-    if slots is not None and slots.available:
-        figures["canary_vs_stable"] = {
-            "title": "Canary minus stable (95 % CI)",
-            "panels": [
-                {
-                    "label": "session mean latency (ms)",
-                    "value": slots.latency_diff_ms,
-                    "ci": slots.latency_diff_ci,
-                },
-                {
-                    "label": "implied GMV per day",
-                    "value": slots.implied_gmv_per_day,
-                    "ci": slots.implied_gmv_per_day_ci,
-                },
-                {
-                    "label": "measured GMV per session",
-                    "value": slots.measured_gmv_diff,
-                    "ci": slots.measured_gmv_diff_ci,
-                },
-            ],
-        }
-    return _finite(figures)
-
-
-# -- drawing -------------------------------------------------------------------------------------
-def _png(fig: Any) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def draw_figure(name: str, spec: dict[str, Any]) -> str:
-    """One figure as a base64 PNG, drawn from its data spec."""
-    # The object-oriented API needs no pyplot state or GUI backend: safe in worker threads.
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7.5, 3.6), dpi=100)
-    if name == "canary_vs_stable":
-        axes = fig.subplots(1, len(spec["panels"]), gridspec_kw={"wspace": 0.7})
-        for ax, panel in zip(axes, spec["panels"], strict=True):
-            _errorbar_panel(ax, panel)
-        fig.suptitle(spec["title"])
-        return _png(fig)
-    ax = fig.subplots()
-    ax.set_title(spec["title"], fontsize=10)
-    if name == "latency_by_version":
-        for i, series in enumerate(spec["series"]):
-            edges = [*series["bin_start_ms"], series["bin_start_ms"][-1] + spec["bin_ms"]]
-            ax.stairs(series["share"], edges, label=series["version"], color=_COLORS[i % 6])
-        ax.legend(fontsize=8)
-        ax.set_xlabel(spec["x_label"])
-        ax.set_ylabel(spec["y_label"])
-    elif name in ("gmv_by_latency", "session_length_by_latency"):
-        bins = spec["bins"]
-        mids = [b["mid_ms"] for b in bins]
-        means = [b["mean"] for b in bins]
-        errors = [[b["mean"] - b["ci_low"] for b in bins], [b["ci_high"] - b["mean"] for b in bins]]
-        ax.errorbar(mids, means, yerr=errors, fmt="o-", capsize=3, color=_COLORS[0])
-        ax.set_xlabel(spec["x_label"])
-        ax.set_ylabel(spec["y_label"])
-    elif name == "effect_estimates":
-        rows = spec["estimates"]
-        ys = list(range(len(rows)))[::-1]
-        for y, row in zip(ys, rows, strict=True):
-            ax.errorbar(
-                [row["value"]],
-                [y],
-                xerr=[[row["value"] - row["ci_low"]], [row["ci_high"] - row["value"]]],
-                fmt="o",
-                capsize=4,
-                color=_COLORS[0] if row["key"] != "naive" else _COLORS[1],
-            )
-        ax.axvline(0.0, color="#888", linewidth=0.8)
-        ax.set_yticks(ys, [r["label"] for r in rows], fontsize=8)
-        ax.set_xlabel(spec["x_label"])
-    elif name == "refutations":
-        rows = spec["refutations"]
-        ys = list(range(len(rows)))[::-1]
-        for y, row in zip(ys, rows, strict=True):
-            ax.plot(
-                [row["expected"] - row["tolerance"], row["expected"] + row["tolerance"]],
-                [y, y],
-                color="#bbb",
-                linewidth=6,
-                solid_capstyle="butt",
-            )
-            ax.plot(
-                [row["new_effect"]], [y], "o", color=_COLORS[2] if row["passed"] else _COLORS[1]
-            )
-        ax.set_yticks(
-            ys, [f"{r['label']} ({'pass' if r['passed'] else 'FAIL'})" for r in rows], fontsize=8
-        )
-        ax.set_xlabel(spec["x_label"] + " (grey: accepted range)")
-    else:
-        raise ValueError(f"no drawing for figure {name!r}")
-    return _png(fig)
-
-
-def _errorbar_panel(ax: Any, panel: dict[str, Any]) -> None:
-    ax.set_title(panel["label"], fontsize=9)
-    ax.axhline(0.0, color="#888", linewidth=0.8)
-    ax.set_xticks([])
-    if panel["value"] is None:
-        ax.text(0.5, 0.5, "not available", ha="center", transform=ax.transAxes)
-        return
-    low, high = panel["ci"]
-    ax.errorbar(
-        [0],
-        [panel["value"]],
-        yerr=[[panel["value"] - low], [high - panel["value"]]],
-        fmt="o",
-        capsize=5,
-        color=_COLORS[0],
-    )
-
-
-# -- text ----------------------------------------------------------------------------------------
 def _num(value: float | None, digits: int = 4) -> str:
     if value is None or not math.isfinite(value):
         return "—"
@@ -252,6 +67,27 @@ img{max-width:100%;margin:.5em 0} pre{background:#f6f8fa;padding:.8em;overflow-x
 def render_html(report: ImpactReport) -> str:
     """The report as one self-contained HTML page (plots embedded as base64 PNG)."""
     figures = build_figures(report)
+    parts = [
+        *_header(report),
+        *_data_section(report, figures),
+        *_effect_section(report, figures),
+        *_translation_section(report),
+    ]
+    if report.slots is not None:
+        parts += ["<h2>This release: canary vs stable</h2>", _slots_html(report)]
+        if "canary_vs_stable" in figures:
+            parts.append(_img("canary_vs_stable", figures["canary_vs_stable"]))
+    if report.notes:
+        parts += ["<h2>Notes</h2>", _list(report.notes)]
+    parts.append("<h2>Assumptions</h2>")
+    for name, items in report.assumptions.items():
+        parts += [f"<h3>{html.escape(name)}</h3>", _list(items)]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _header(report: ImpactReport) -> list[str]:
+    """The page's head, title, window and finding banner, and the caveats to read first."""
     title, color = _FINDING_TEXT[report.finding]
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
@@ -266,25 +102,20 @@ def render_html(report: ImpactReport) -> str:
     ]
     if report.caveats:
         parts += ["<h2>Read this first</h2>", _list(report.caveats)]
-    parts += ["<h2>Data</h2>", _coverage_table(report)]
+    return parts
+
+
+def _data_section(report: ImpactReport, figures: dict[str, dict[str, Any]]) -> list[str]:
+    """Coverage, the latency profile by version and slot, and the descriptive figures."""
+    parts = ["<h2>Data</h2>", _coverage_table(report)]
     if report.latency_profile:
-        parts.append(
-            _table(
-                ["version", "slot", "requests", "mean ms", "p50 ms", "p95 ms", "p99 ms"],
-                [
-                    [
-                        str(p["model_version"]),
-                        str(p["slot"]),
-                        f"{p['requests']:,}",
-                        _num(p["mean_ms"]),
-                        _num(p["p50_ms"]),
-                        _num(p["p95_ms"]),
-                        _num(p["p99_ms"]),
-                    ]
-                    for p in report.latency_profile
-                ],
-            )
-        )
+        headers = ["version", "slot", "requests", "mean ms", "p50 ms", "p95 ms", "p99 ms"]
+        rows = [
+            [str(p["model_version"]), str(p["slot"]), f"{p['requests']:,}"]
+            + [_num(p[key]) for key in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")]
+            for p in report.latency_profile
+        ]
+        parts.append(_table(headers, rows))
     for name in ("latency_by_version", "gmv_by_latency", "session_length_by_latency"):
         if name in figures:
             parts.append(_img(name, figures[name]))
@@ -299,28 +130,21 @@ def render_html(report: ImpactReport) -> str:
                 ],
             ),
         ]
+    return parts
+
+
+def _effect_section(report: ImpactReport, figures: dict[str, dict[str, Any]]) -> list[str]:
+    """The estimates of latency's effect, the causal graph, and the refutations."""
+    parts: list[str] = []
     if report.estimates:
-        rows = [
-            [
-                e.label,
-                _num(e.value),
-                _ci(e.ci_low, e.ci_high),
-                _num(e.p_value, 3),
-                e.interval_method,
-            ]
-            for e in report.estimates
-        ]
+        estimates = [(e.label, e) for e in report.estimates]
         if report.session_length_estimate is not None:
             e = report.session_length_estimate
-            rows.append(
-                [
-                    e.label + " (s per ms)",
-                    _num(e.value),
-                    _ci(e.ci_low, e.ci_high),
-                    _num(e.p_value, 3),
-                    e.interval_method,
-                ]
-            )
+            estimates.append((e.label + " (s per ms)", e))
+        rows = [
+            [label, _num(e.value), _ci(e.ci_low, e.ci_high), _num(e.p_value, 3), e.interval_method]
+            for label, e in estimates
+        ]
         parts += [
             "<h2>Effect of latency on GMV</h2>",
             "<p>GMV per session per +1 ms of the session's mean request latency.</p>",
@@ -337,35 +161,30 @@ def render_html(report: ImpactReport) -> str:
     if report.refutations:
         parts += ["<h2>Refutations</h2>", _refutation_table(report)]
         parts.append(_img("refutations", figures["refutations"]))
-    if report.translation is not None:
-        t = report.translation
-        parts += [
-            "<h2>Business translation</h2>",
-            _table(
-                ["quantity", "value", "95 % CI"],
+    return parts
+
+
+def _translation_section(report: ImpactReport) -> list[str]:
+    """GMV per day per ms (and per 100 ms) at the observed traffic, with intervals."""
+    t = report.translation
+    if t is None:
+        return []
+    return [
+        "<h2>Business translation</h2>",
+        _table(
+            ["quantity", "value", "95 % CI"],
+            [
+                ["sessions per day (observed)", f"{t.sessions_per_day:,.0f}", ""],
+                ["GMV per day (observed)", _num(t.gmv_per_day), ""],
+                ["GMV per day per +1 ms", _num(t.gmv_per_day_per_ms), _ci(t.ci_low, t.ci_high)],
                 [
-                    ["sessions per day (observed)", f"{t.sessions_per_day:,.0f}", ""],
-                    ["GMV per day (observed)", _num(t.gmv_per_day), ""],
-                    ["GMV per day per +1 ms", _num(t.gmv_per_day_per_ms), _ci(t.ci_low, t.ci_high)],
-                    [
-                        "GMV per day per +100 ms",
-                        _num(t.gmv_per_day_per_100ms),
-                        _ci(100 * t.ci_low, 100 * t.ci_high),
-                    ],
+                    "GMV per day per +100 ms",
+                    _num(t.gmv_per_day_per_100ms),
+                    _ci(100 * t.ci_low, 100 * t.ci_high),
                 ],
-            ),
-        ]
-    if report.slots is not None:
-        parts += ["<h2>This release: canary vs stable</h2>", _slots_html(report)]
-        if "canary_vs_stable" in figures:
-            parts.append(_img("canary_vs_stable", figures["canary_vs_stable"]))
-    if report.notes:
-        parts += ["<h2>Notes</h2>", _list(report.notes)]
-    parts.append("<h2>Assumptions</h2>")
-    for name, items in report.assumptions.items():
-        parts += [f"<h3>{html.escape(name)}</h3>", _list(items)]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+            ],
+        ),
+    ]
 
 
 def _img(name: str, spec: dict[str, Any]) -> str:
@@ -447,7 +266,7 @@ def _slots_html(report: ImpactReport) -> str:
 def render_json(report: ImpactReport) -> str:
     """The report's numbers and the data of every figure, as strict JSON."""
     document = {"report": report.model_dump(mode="json"), "figures": build_figures(report)}
-    return json.dumps(_finite(document), indent=2, allow_nan=False)
+    return json.dumps(json_safe(document), indent=2, allow_nan=False)
 
 
 def render_markdown(report: ImpactReport, stored: StoredImpactReport) -> str:

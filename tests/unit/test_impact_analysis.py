@@ -11,13 +11,12 @@ import pytest
 from core.impact.analysis import analyse_impact, decide_finding
 from core.impact.estimation import (
     bin_by_latency,
-    compare_slots,
     correlate,
     fit_ols,
     histogram_bin_ms,
     prepare_sessions,
-    translate_to_business,
 )
+from core.impact.translation import compare_slots, translate_to_business
 from core.impact.types import (
     EffectEstimate,
     ImpactData,
