@@ -63,13 +63,23 @@ async def _rollback(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     return await worker.rollback(check_removal_reason(body.get("reason", "operator")))
 
 
+_LATENCY_KNOBS = ("factor", "stage", "mode", "share")  # RoutingTable.with_latency's keywords
+
+
 async def _latency(worker: Worker, body: dict[str, Any]) -> dict[str, Any]:
     if "ms" not in body:
         raise RequestRejected(
             "missing_field",
             "body needs 'slot' and 'ms' (and optionally 'factor', 'stage', 'mode', 'share')",
         )
-    knobs = {k: body[k] for k in ("factor", "stage", "mode", "share") if k in body}
+    unknown = sorted(set(body) - {"slot", "ms", *_LATENCY_KNOBS})
+    if unknown:
+        raise RequestRejected(
+            "unknown_field",
+            f"unknown field(s) {', '.join(map(repr, unknown))}: an injection takes 'slot', 'ms' "
+            f"and optionally {', '.join(map(repr, _LATENCY_KNOBS))}",
+        )
+    knobs = {k: body[k] for k in _LATENCY_KNOBS if k in body}
     return await worker.set_latency(check_slot(body.get("slot")), body["ms"], **knobs)
 
 

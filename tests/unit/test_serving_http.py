@@ -54,6 +54,19 @@ def test_fault_injection_works_where_the_setting_enables_it(tmp_path: Path) -> N
     assert ranking.json()["ranking"]["stable"] == "reversed"
 
 
+def test_an_injection_with_an_unknown_field_is_refused_naming_it_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    worker = worker_on(tmp_path, serving_admin_token=TOKEN, serving_fault_injection=True)
+    typo = {"slot": "stable", "ms": 50, "facter": 3.0}  # a misspelt knob must not pass silently
+    refused, state = asyncio.run(
+        call(worker, [("POST", "/admin/latency", typo), ("GET", "/admin/state", None)])
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"] == "unknown_field" and "'facter'" in refused.json()["detail"]
+    assert state.json()["inject_latency_ms"]["stable"] == 0.0
+
+
 def test_predict_answers_and_logs_through_the_split_routes(tmp_path: Path) -> None:
     async def scenario() -> list[httpx.Response]:
         worker = worker_on(tmp_path)
