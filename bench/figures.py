@@ -169,7 +169,12 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
     )
     cap = d.get("capacity_check") or {}
     yield f"capacity check: flags costlier {_pct(cap.get('flag_rate_costlier'))}, twin {_pct(cap.get('flag_rate_twin'))}"
-    yield f"mirror P95 cost {_pct(d.get('mirror_p95_cost'))}"
+    mirror = d.get("mirror_p95_cost")
+    yield (
+        "mirror P95 cost: stable's P95 with the shadow on over off "
+        + (NOT_MEASURED if mirror is None else f"x{float(mirror):.2f}")
+        + " (serving_mirror.json)"
+    )
     yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
 
 

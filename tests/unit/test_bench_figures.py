@@ -1,6 +1,7 @@
 """The benchmark figures in the docs are the ones bench/results holds, copied by bench.figures."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,19 @@ def test_a_missing_field_reads_not_measured_rather_than_a_number(tmp_path, monke
 def test_every_saved_result_renders(name):
     rows = dict(figures.render_rows())
     assert rows[name] and all(isinstance(line, str) for line in rows[name])
+
+
+def test_a_gate_run_keeps_the_capacity_and_mirror_figures_other_benches_measured(
+    tmp_path: Path,
+) -> None:
+    from bench.gate import measured_elsewhere
+
+    out = tmp_path / "gate.json"
+    assert measured_elsewhere(out)["capacity_check"]["flag_rate_costlier"] is None  # never run
+    assert measured_elsewhere(out)["mirror_p95_cost"] is None
+    capacity = {"flag_rate_costlier": 0.1, "flag_rate_twin": 0.15, "wall_s_max": 35.5}
+    out.write_text(json.dumps({"capacity_check": capacity, "cases": []}))
+    (tmp_path / "serving_mirror.json").write_text(json.dumps({"mirror_p95_cost": 1.53}))
+    kept = measured_elsewhere(out)
+    assert kept["mirror_p95_cost"] == 1.53
+    assert {k: kept["capacity_check"][k] for k in capacity} == capacity
