@@ -10,7 +10,8 @@
    and `judge_window` for every look; default `CanaryRules`, steps 5/25/50 %, 20 s windows), for
    light and heavy x 50 and 500 req/s x A/A, uniform x1.10/1.25/1.5/2, a tail (3 % of requests
    x4), a per-user shape (a tenth of users x2), a load-dependent cost (x1.5 at peak, x1 + 0.5 x
-   rate/peak elsewhere) and +1 pt errors. Each window draws both cohorts from the pooled rows
+   rate/peak elsewhere) and +1 pt errors. Each window draws both cohorts (fresh users, a cluster
+   bootstrap: `Recording.sample`) from the pooled rows
    of one random stretch (`Load.pooled` says why), so they share the recording's load swings.
    `p95_ratio_at_peak` is what the regression does to the peak recording's P95.
 3. **Split.** The sample-ratio check on requests drawn from the peak recording at 500 req/s and

@@ -74,16 +74,38 @@ class Recording:
         )
 
     def sample(
-        self, rng: np.random.Generator, start: float, span: float, n: int, offset: float
+        self, rng: np.random.Generator, start: float, span: float, n: int, offset: float, ids: int
     ) -> tuple[np.ndarray, ...]:
-        """n rows drawn from the `span` seconds after `start`, re-timed into the WINDOW_S
-        seconds from `offset` (a span longer than a window is compressed into it)."""
+        """n rows of users drawn from the `span` seconds after `start`, re-timed into the
+        WINDOW_S seconds from `offset` (a span longer than a window is compressed into it).
+
+        A cluster bootstrap: the stretch's users are drawn with replacement, each draw bringing
+        all its rows in the stretch under a fresh user id (`ids` + the draw's number), until n
+        rows are taken. Replayed cohorts are so new users from the recorded population, as live
+        cohorts are: a user's rows stay together (the judge's per-user clustering sees them as
+        it would live), and canary and baseline never share a user, as sticky routing ensures.
+        """
         lo, hi = np.searchsorted(self.ts, [start, start + span])
         if hi - lo < 1:
             lo, hi = 0, len(self.ts)
-        idx = rng.integers(lo, hi, n)
+        if n <= 0:
+            return tuple(
+                np.empty(0, dtype=a.dtype)
+                for a in (self.user, self.latency_ms, self.status, self.ts)
+            )
+        users, rows_of = np.unique(self.user[lo:hi], return_inverse=True)
+        order = np.argsort(rows_of, kind="stable") + lo  # the stretch's rows grouped by user
+        counts = np.bincount(rows_of, minlength=len(users))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        drawn = rng.integers(0, len(users), int(np.ceil(1.5 * n / counts.mean())) + 1)
+        while counts[drawn].sum() < n:  # rare: a run of light users
+            drawn = np.concatenate([drawn, rng.integers(0, len(users), len(drawn))])
+        sizes = counts[drawn]
+        copy = np.repeat(np.arange(len(drawn)), sizes)[:n]
+        within = np.arange(n) - np.repeat(np.cumsum(sizes) - sizes, sizes)[:n]
+        idx = order[first[drawn[copy]] + within]
         return (
-            self.user[idx],
+            ids + copy.astype(np.int64),
             self.latency_ms[idx],
             self.status[idx],
             (self.ts[idx] - start) * (WINDOW_S / span) + offset,
@@ -118,9 +140,10 @@ class Load:
         span = min(max(WINDOW_S, (n_canary + n_baseline) / per_s), last - first)
         start = float(rng.uniform(first, max(first, last - span)))
         offset = window * WINDOW_S  # windows follow each other in time
+        ids = (2 * window + 1) << 32  # fresh ids per window and cohort: no user in both
         return (
-            pooled.sample(rng, start, span, n_canary, offset),
-            pooled.sample(rng, start, span, n_baseline, offset),
+            pooled.sample(rng, start, span, n_canary, offset, ids),
+            pooled.sample(rng, start, span, n_baseline, offset, ids + (1 << 32)),
         )
 
     @property

@@ -38,6 +38,7 @@ from core.gate.sequential import (
     Interval,
     click_through_shift,
     confidence_sequence,
+    error_rate,
     error_shift,
     latency_shift,
     mean_log_latency,
@@ -223,6 +224,26 @@ def _over_the_slo(rules: CanaryRules, canary: CohortSums, shifts: Shifts) -> flo
     return rules.max_p95_ms * math.exp(interval.low) if interval.low > 0 else None
 
 
+def _errors_over_the_slo(rules: CanaryRules, canary: CohortSums) -> float | None:
+    """The low end of the canary's 5xx rate interval when it is above `max_error_rate`.
+
+    As for the P95: three errors in 250 requests is 1.2 %, but a user whose requests fail
+    together (a bad client, one cold path) makes that a chance a fleet at 0.1 % meets at thin
+    traffic. The SLO fails the step when the rate exceeds it with confidence: the error rate's
+    two-way clustered variance (`core.gate.sequential.error_rate`) in the same always-valid
+    confidence sequence as every other figure.
+    """
+    if canary.requests <= 0 or canary.errors / canary.requests <= rules.max_error_rate:
+        return None
+    own = error_rate(canary)
+    interval = confidence_sequence(
+        Estimate(own.value - rules.max_error_rate, own.variance),
+        max(rules.max_error_rate, 1e-4),
+        rules.alpha,
+    )
+    return rules.max_error_rate + interval.low if interval.low > 0 else None
+
+
 def _missing(canary: CohortSums | None, baseline: CohortSums | None) -> str:
     cohorts = (("canary", canary), ("baseline", baseline))
     return f"no {' and '.join(s for s, c in cohorts if c is None)} requests yet"
@@ -339,10 +360,12 @@ def _failures(
             f"absolute SLO: canary P95 {canary.p95_ms:.1f} ms > {rules.max_p95_ms:g} ms "
             f"(always-valid {rules.confidence:.0%} low end {over:.1f} ms)"
         )
-    canary_errors = canary.errors / canary.requests
-    if canary_errors > rules.max_error_rate:
+    errors_low = _errors_over_the_slo(rules, canary)
+    if errors_low is not None:
         failures.append(
-            f"absolute SLO: canary error rate {canary_errors:.2%} > {rules.max_error_rate:.2%}"
+            f"absolute SLO: canary error rate {canary.errors / canary.requests:.2%} > "
+            f"{rules.max_error_rate:.2%} (always-valid {rules.confidence:.0%} low end "
+            f"{errors_low:.2%}, clustered by user and second)"
         )
     lat, err = evidence.latency, evidence.errors
     if lat.low > 0 and shifts.latency.value > math.log(tolerance):

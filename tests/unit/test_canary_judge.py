@@ -134,6 +134,29 @@ def test_more_errors_than_baseline_fails_by_the_two_proportion_rule() -> None:
     assert gate.measurements["error_diff_low"] > 0
 
 
+def with_errors(n: int, errors: int, rng: np.random.Generator, users: int = 400) -> CohortSums:
+    """A canary cohort of `n` requests, exactly `errors` of them 5xx, each from its own user."""
+    user_ids = rng.integers(0, users, n)
+    latency = np.exp(rng.normal(math.log(20.0), 0.55, n))
+    status = np.full(n, 200)
+    status[rng.choice(n, errors, replace=False)] = 500
+    return cohort_sums_of("canary", "v2", user_ids, latency, status, rng.uniform(0, 60, n))
+
+
+def test_the_absolute_error_slo_fails_with_confidence_not_on_three_errors_in_250() -> None:
+    rng = np.random.default_rng(10)
+    thin = with_errors(250, 3, rng)  # 1.2 %: over 1 %, by chance at 0.1 %
+    gate, _ = judge(thin, cohort("baseline", rng, 250))
+    assert "absolute SLO: canary error rate" not in gate.reason, gate.reason
+    assert gate.verdict is not Verdict.passed  # nor is it a pass: the errors' interval is wide
+    rng = np.random.default_rng(11)
+    rules = CanaryRules(error_tolerance_pt=50.0)  # the relative rule out of the way
+    broken = cohort("canary", rng, 3000, error_rate=0.05)
+    gate, _ = judge(broken, cohort("baseline", rng, 3000, error_rate=0.05), rules)
+    assert gate.verdict is Verdict.failed
+    assert gate.reason.startswith("absolute SLO: canary error rate") and "low end" in gate.reason
+
+
 def test_no_errors_anywhere_still_has_an_honest_interval() -> None:
     rng = np.random.default_rng(9)
     gate, _ = judge(cohort("canary", rng, 300), cohort("baseline", rng, 300))
