@@ -176,6 +176,17 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
         + " (serving_mirror.json)"
     )
     yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
+    for kind, outcomes in _live_outcomes(d).items():
+        yield f"live {kind}: " + ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+
+
+def _live_outcomes(d: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """Each live kind's outcomes, counted (one line per kind: no kind pooled into another)."""
+    out: dict[str, dict[str, int]] = {}
+    for run in [*(d.get("live_aa") or []), *(d.get("live_ab") or [])]:
+        kind = out.setdefault(str(run.get("kind", "?")), {})
+        kind[run["outcome"]] = kind.get(run["outcome"], 0) + 1
+    return out
 
 
 def gate_cases_table() -> str:

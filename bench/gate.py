@@ -163,7 +163,16 @@ def record_loads(bench: Bench, seconds: float) -> list[Load]:
     return loads
 
 
-LIVE_KINDS = {"aa": None, "uniform x1.5": 1.5}  # canary slowed by the worker's injection
+# The canary's injection per live case (None: an A/A release). The A/B kinds take turns: a
+# uniform slowdown (held after scoring), a tail (5 % of requests x5, held), and a cost that
+# shows only under load (compute x1.5 spent on the engine thread, so it queues at peak).
+LIVE_KINDS: dict[str, dict[str, Any] | None] = {
+    "aa": None,
+    "uniform x1.5": {"factor": 1.5},
+    "tail 5% x5": {"factor": 5.0, "share": 0.05},
+    "load-dependent: compute x1.5 on the engine": {"factor": 1.5, "mode": "engine"},
+}
+AB_KINDS = [k for k, v in LIVE_KINDS.items() if v is not None]
 
 
 def live_releases(
@@ -173,7 +182,8 @@ def live_releases(
 
     Each is planned (`plan_canary_steps`, from the fleet's own recent traffic) and stepped
     through the real analysis task (`analyse_canary_step`, its plan's step lengths) while
-    simulated shoppers drive the fleet; A/B slows the canary x1.5 with the worker's injection.
+    simulated shoppers drive the fleet; each A/B release plants the next of `AB_KINDS` with the
+    worker's injection. Releases that the budget leaves out are not run (the counts say so).
     """
     from prefect.testing.utilities import prefect_test_harness
 
@@ -184,15 +194,15 @@ def live_releases(
 
     settings = get_settings()
     rules = CanaryRules()
-    order = ["aa", "uniform x1.5"] * max(n_aa, n_ab)
-    counts = {"aa": n_aa, "uniform x1.5": n_ab}
+    order: list[str] = []
+    for i in range(max(n_aa, n_ab)):
+        order += (["aa"] if i < n_aa else []) + ([AB_KINDS[i % len(AB_KINDS)]] if i < n_ab else [])
     runs: dict[str, list[dict[str, Any]]] = {"aa": [], "ab": []}
     deadline = time.monotonic() + budget_s
     with prefect_test_harness(server_startup_timeout=120), FleetClient(bench.urls, TOKEN) as fleet:
         for i, kind in enumerate(order):
-            key = "aa" if kind == "aa" else "ab"
-            if time.monotonic() > deadline or len(runs[key]) >= counts[kind]:
-                continue
+            if time.monotonic() > deadline:
+                break
             release = Release(f"bench-gate-{i}", bench.twin, "bench")
             started = time.monotonic()
             plan = plan_canary_steps.fn(
@@ -200,7 +210,7 @@ def live_releases(
             )
             run = _live_release(bench, fleet, release, plan, rules, rps, LIVE_KINDS[kind], i)
             run |= {"kind": kind, "seconds": round(time.monotonic() - started, 1)}
-            runs[key].append(run | {"plan": plan.summary})
+            runs["aa" if kind == "aa" else "ab"].append(run | {"plan": plan.summary})
             print(json.dumps(run))
     return runs
 
@@ -212,7 +222,7 @@ def _live_release(
     plan: CanaryPlan,
     rules: CanaryRules,
     rps: float,
-    factor: float | None,
+    injection: dict[str, Any] | None,
     seed: int,
 ) -> dict[str, Any]:
     from relay.settings import get_settings
@@ -224,8 +234,10 @@ def _live_release(
     deployed = fleet.deploy_canary(bench.twin, weight=0, baseline=bench.stable)
     if not deployed.ok:
         raise SystemExit(f"canary deploy failed: {deployed.reason}")
-    if factor is not None:
-        fleet.set_injected_latency("canary", 0.0, factor=factor)
+    if injection is not None:
+        planted = fleet.set_injected_latency("canary", 0.0, **injection)
+        if not planted.ok:
+            raise SystemExit(f"injection {injection} failed: {planted.reason}")
     outcome, windows, reason = "promoted", 0, ""
     try:
         for weight in STEPS:
@@ -261,10 +273,12 @@ def main() -> None:
     parser.add_argument("--releases", type=int, default=300, help="simulated releases per case")
     parser.add_argument("--record-s", type=float, default=60.0, help="seconds per load recording")
     parser.add_argument("--srm-replays", type=int, default=200)
-    parser.add_argument("--live-aa", type=int, default=3)
-    parser.add_argument("--live-ab", type=int, default=3)
-    parser.add_argument("--live-rps", type=float, default=400.0)
-    parser.add_argument("--live-budget-s", type=float, default=600.0)
+    parser.add_argument("--live-aa", type=int, default=10)
+    parser.add_argument("--live-ab", type=int, default=10, help="taking AB_KINDS in turn")
+    parser.add_argument(
+        "--live-rps", type=float, default=400.0, help="at most; no more than the fleet served"
+    )
+    parser.add_argument("--live-budget-s", type=float, default=900.0)
     parser.add_argument("--quick", action="store_true", help="the smoke test's size: seconds")
     parser.add_argument("--out", type=Path, default=RESULTS / "gate.json")
     parser.add_argument(
@@ -294,8 +308,10 @@ def main() -> None:
             figures = _figures(args, loads, cases, offline_s, srm, {"aa": [], "ab": []}, started)
             _save(args.out, figures)  # the offline figures stand even if a live release fails
             if args.live_aa + args.live_ab:
+                # plan and drive at what the fleet served at peak, not at a rate it cannot reach
+                args.live_rate = min(args.live_rps, round(0.8 * peak.rps))
                 live = live_releases(
-                    bench, args.live_aa, args.live_ab, args.live_rps, args.live_budget_s
+                    bench, args.live_aa, args.live_ab, args.live_rate, args.live_budget_s
                 )
                 figures = _figures(args, loads, cases, offline_s, srm, live, started)
                 _save(args.out, figures)
@@ -320,6 +336,8 @@ def _figures(
         "srm": srm,
         "live_aa": live["aa"],
         "live_ab": live["ab"],
+        "live_traffic_rps": getattr(args, "live_rate", None),
+        "live_budget_s": args.live_budget_s,
         "recordings": {load.name: load.summary() for load in loads},
         "rules": CanaryRules().thresholds(),
         "steps": list(STEPS),
