@@ -341,7 +341,7 @@ class DeployedStack:
             f"(state {run['state_name']}); worker log:\n{self.worker_log()[-6000:]}"
         )
 
-    def end_release(self, flow_run_id: str, timeout_s: float = 300) -> dict[str, Any]:
+    def end_release(self, flow_run_id: str, timeout_s: float = 300) -> None:
         """A release run started with the deployment's defaults, once it is final: one that ends
         before any canary (unblessed, say) is waited for; one whose canary takes weight (a plan
         of many minutes) is cancelled as on-call would from its run page, and must end
@@ -358,7 +358,6 @@ class DeployedStack:
             final = self.wait_for_run(flow_run_id, timeout_s=120)
             assert final["state_type"] == "CANCELLED", final["state"]
         self.wait_for(lambda: self.canary_weights() == {0}, 120, "no canary after the release")
-        return self.api("GET", f"/flow_runs/{flow_run_id}")
 
     def artifacts(self, flow_run_id: str) -> dict[str, dict[str, Any]]:
         """The flow run's keyed artifacts by key."""
