@@ -219,7 +219,7 @@ def _over_the_slo(rules: CanaryRules, canary: CohortSums, shifts: Shifts) -> flo
     interval = confidence_sequence(
         Estimate(own.value - slo, own.variance),
         math.log(1 + rules.tolerance_pct / 100) or 0.1,
-        rules.alpha,
+        rules.rollback_alpha,
     )
     return rules.max_p95_ms * math.exp(interval.low) if interval.low > 0 else None
 
@@ -239,7 +239,7 @@ def _errors_over_the_slo(rules: CanaryRules, canary: CohortSums) -> float | None
     interval = confidence_sequence(
         Estimate(own.value - rules.max_error_rate, own.variance),
         max(rules.max_error_rate, 1e-4),
-        rules.alpha,
+        rules.rollback_alpha,
     )
     return rules.max_error_rate + interval.low if interval.low > 0 else None
 
@@ -367,26 +367,42 @@ def _failures(
             f"{rules.max_error_rate:.2%} (always-valid {rules.confidence:.0%} low end "
             f"{errors_low:.2%}, clustered by user and second)"
         )
+    # A step fails only at `rollback_confidence`: a running always-valid p below its alpha
+    # (the p-value is the smallest alpha whose sequence excluded no change at some look), or
+    # for the tail, this look's sequence at that alpha wholly beyond the tolerance.
+    sure = rules.rollback_alpha
     lat, err = evidence.latency, evidence.errors
-    if lat.low > 0 and shifts.latency.value > math.log(tolerance):
+    if lat.p_value < sure and shifts.latency.value > math.log(tolerance):
         failures.append(f"relative to baseline: {text.latency}, beyond the {text.tolerance}")
-    if evidence.p95.low > math.log(tolerance):
+    p95_low = confidence_sequence(shifts.p95, math.log(tolerance), sure).low
+    if p95_low > math.log(tolerance):
         failures.append(
-            f"tail relative to baseline: {text.p95}, beyond the {text.tolerance} with confidence"
+            f"tail relative to baseline: {text.p95}, beyond the {text.tolerance} with "
+            f"{rules.rollback_confidence:.0%} confidence (low end x{ratio(p95_low):.2f})"
         )
-    if shifts.p99 is not None and evidence.p99.low > math.log(tolerance_99):
+    p99_low = (
+        confidence_sequence(shifts.p99, math.log(tolerance_99), sure).low
+        if shifts.p99 is not None
+        else -math.inf
+    )
+    if p99_low > math.log(tolerance_99):
         failures.append(
             f"tail relative to baseline: P99 ratio interval x{ratio(evidence.p99.low):.2f}-"
-            f"x{ratio(evidence.p99.high):.2f}, beyond its tolerance x{tolerance_99:.2f}"
+            f"x{ratio(evidence.p99.high):.2f}, beyond its tolerance x{tolerance_99:.2f} with "
+            f"{rules.rollback_confidence:.0%} confidence"
         )
     error_tol = rules.error_tolerance_pt / 100
-    if err.low > 0 and shifts.errors.value > error_tol:
+    if err.p_value < sure and shifts.errors.value > error_tol:
         failures.append(
             f"relative to baseline: {text.errors}, beyond the +{rules.error_tolerance_pt:g} pt "
             "tolerance"
         )
     ctr = evidence.clicks
-    if shifts.clicks is not None and ctr.high < 0 and 1 + shifts.clicks.value < rules.ctr_tolerance:
+    if (
+        shifts.clicks is not None
+        and ctr.p_value < sure
+        and 1 + shifts.clicks.value < rules.ctr_tolerance
+    ):
         failures.append(
             f"fewer clicks than baseline: {text.clicks}, beyond the "
             f"-{rules.ctr_tolerance_pct:g} % click-through tolerance"

@@ -23,6 +23,9 @@ class CanaryRules:
     confidence: Annotated[float, Field(gt=0.5, lt=1)] = (
         0.95  # of the always-valid intervals, across every look of a step
     )
+    rollback_confidence: Annotated[float, Field(gt=0.5, lt=1)] = (
+        0.99  # a step fails only this sure: a false rollback costs a release and a person
+    )
     tolerance_pct: Annotated[float, Field(ge=0, le=1000)] = (
         10.0  # practical tolerance: +10 % of the baseline's P95 ...
     )
@@ -61,6 +64,7 @@ class CanaryRules:
     def __post_init__(self) -> None:
         checks = {
             "confidence": 0.5 < self.confidence < 1,
+            "rollback_confidence": 0.5 < self.rollback_confidence < 1,
             "tolerance_pct": self.tolerance_pct >= 0,
             "tolerance_ms": self.tolerance_ms >= 0,
             "error_tolerance_pt": self.error_tolerance_pt >= 0,
@@ -86,6 +90,10 @@ class CanaryRules:
     def alpha(self) -> float:
         return 1 - self.confidence
 
+    @property
+    def rollback_alpha(self) -> float:
+        return 1 - self.rollback_confidence
+
     def latency_tolerance(self, baseline_p95_ms: float) -> float:
         """The largest canary/baseline latency ratio that is not a regression."""
         relative = self.tolerance_ms / baseline_p95_ms if baseline_p95_ms > 0 else math.inf
@@ -101,6 +109,7 @@ class CanaryRules:
             "max_p95_ms": self.max_p95_ms,
             "max_error_rate": self.max_error_rate,
             "confidence": self.confidence,
+            "rollback_confidence": self.rollback_confidence,
             "tolerance_pct": self.tolerance_pct,
             "tolerance_ms": self.tolerance_ms,
             "error_tolerance_pt": self.error_tolerance_pt,

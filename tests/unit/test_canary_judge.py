@@ -157,6 +157,20 @@ def test_the_absolute_error_slo_fails_with_confidence_not_on_three_errors_in_250
     assert gate.reason.startswith("absolute SLO: canary error rate") and "low end" in gate.reason
 
 
+def test_a_step_fails_only_at_the_rollback_confidence_and_passes_at_the_step_confidence() -> None:
+    """x1.17 on 300 requests each: the always-valid p is 0.017, beyond 95 % but not 99 %."""
+    rng = np.random.default_rng(6)
+    canary, baseline = cohort("canary", rng, 300, factor=1.25), cohort("baseline", rng, 300)
+    at_99, _ = judge(canary, baseline)
+    assert 0.01 < at_99.measurements["latency_p_always_valid"] < 0.05
+    assert at_99.verdict is Verdict.inconclusive, at_99.reason  # not yet sure enough to roll back
+    assert at_99.thresholds["rollback_confidence"] == 0.99
+    at_95, _ = judge(canary, baseline, CanaryRules(rollback_confidence=0.951))
+    assert at_95.verdict is Verdict.failed and at_95.reason.startswith("relative to baseline")
+    with pytest.raises(ValueError, match="rollback_confidence"):
+        CanaryRules(rollback_confidence=1.0)
+
+
 def test_no_errors_anywhere_still_has_an_honest_interval() -> None:
     rng = np.random.default_rng(9)
     gate, _ = judge(cohort("canary", rng, 300), cohort("baseline", rng, 300))
