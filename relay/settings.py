@@ -152,11 +152,11 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0.0,
         description="How long a canary weight above 0 holds on a worker unless the release renews "
-        "it. The release renews every third of it while a window runs and once as the window "
-        "ends, so it must outlast the judging between two windows (seconds; bench.gate's live "
-        "runs: at most 9 s a look); a release that dies leaves no worker on the canary for "
-        "longer than this after its last renewal. 30 s: renewing 32 workers costs ~14 CPU-s an "
-        "hour (bench.rollback), against an orphan bound of 30 s instead of 90 (docs/serving.md).",
+        "it. The release renews every third of it while a step runs, its windows and the reads "
+        "that judge them alike, and once as the step ends (seconds); a release that dies leaves "
+        "no worker on the canary for longer than this after its last renewal. 30 s: renewing 32 "
+        "workers costs ~14 CPU-s an hour (bench.rollback), against an orphan bound of 30 s "
+        "instead of 90 (docs/serving.md).",
     )
     serving_canary_lease_max_s: float = Field(
         default=600.0, gt=0.0, description="Longest canary lease a worker grants (longer: 400)."

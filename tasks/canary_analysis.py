@@ -156,13 +156,7 @@ def analyse_canary_step(
     tracer = release_tracer(settings)  # each window (and its lease renewals) in the release's trace
 
     def run_window() -> tuple[datetime, datetime]:
-        # The canary's weight is leased: renewed now, while the window runs and as it ends, so
-        # that it lapses on every worker within one lease of this process dying.
-        with ExitStack() as renewal:
-            renewal.enter_context(tracer.start_as_current_span("analysis window"))
-            if weight > 0:
-                fleet = renewal.enter_context(FleetClient.from_settings(settings))
-                renewal.enter_context(fleet.renewing(settings.serving_canary_lease_s))
+        with tracer.start_as_current_span("analysis window"):
             start = datetime.now(UTC)
             time.sleep(window_s)
             end = datetime.now(UTC)
@@ -196,7 +190,15 @@ def analyse_canary_step(
     io = StepIO(
         run_window, read_figures, lambda: unreachable_workers(settings), on_look, LOG_STORE_ERRORS
     )
-    looks = run_step(io, rules, weight, length)
+    # The canary's weight is leased: renewed while the step runs, its windows and its reads
+    # alike (a read of a busy embedded store can outlast a lease: renewing only during the
+    # windows let the weight lapse on a worker mid-step, which the split check then flagged),
+    # so that it lapses on every worker within one lease of this process dying.
+    with ExitStack() as renewal:
+        if weight > 0:
+            fleet = renewal.enter_context(FleetClient.from_settings(settings))
+            renewal.enter_context(fleet.renewing(settings.serving_canary_lease_s))
+        looks = run_step(io, rules, weight, length)
     create_table_artifact(
         key=f"canary-weight-{weight}",
         table=[_table_row(weight, i, g) for i, g in enumerate(looks, 1)],
