@@ -243,7 +243,10 @@ def _live_release(
         for weight in STEPS:
             step = plan.step(weight)
             length = step.length(rules) if step is not None else None
-            fleet.set_weight(weight)
+            moved = fleet.set_weight(weight)
+            if not moved.ok:  # a worker left out of the split would bias every comparison
+                outcome, reason = "error", f"set_weight {weight} %: {moved.reason}"
+                break
             traffic = LiveTraffic(
                 rate_rps=rps,
                 duration_s=WINDOW_S * ((length.windows if length else rules.max_windows) + 1),
