@@ -360,9 +360,8 @@ def measured_elsewhere(out: Path) -> dict[str, Any]:
     serving_mirror.json by `bench.serving --mirror-only`; a gate run keeps both rather than
     erasing them, and says where each comes from (None where it was never measured).
     """
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    mirror_path = out.with_name("serving_mirror.json")
-    mirror = json.loads(mirror_path.read_text()) if mirror_path.exists() else {}
+    previous = _read_json(out)
+    mirror = _read_json(out.with_name("serving_mirror.json"))
     capacity = previous.get("capacity_check") or {
         "flag_rate_costlier": None,
         "flag_rate_twin": None,
@@ -376,9 +375,21 @@ def measured_elsewhere(out: Path) -> dict[str, Any]:
     }
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """The file's JSON object; {} when it is absent or unreadable (a figure then reads None)."""
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 def _save(out: Path, figures: dict[str, Any]) -> None:
+    """Whole or not at all: a run cut short never leaves a half-written gate.json."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2, default=_finite) + "\n")
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(figures, indent=2, default=_finite) + "\n")
+    tmp.replace(out)
 
 
 def _finite(value: object) -> object:

@@ -153,7 +153,7 @@ def analyse_canary_step(
     users', in production), ingest the workers' logs, judge the step's cumulative evidence; every
     look is a release event and a row of the step's table artifact.
     """
-    tracer = release_tracer(settings)  # each window (and its lease renewals) in the release's trace
+    tracer = release_tracer(settings)  # each window a span of the release's trace
 
     def run_window() -> tuple[datetime, datetime]:
         with tracer.start_as_current_span("analysis window"):

@@ -6,10 +6,12 @@ window's, for the record) it returns a typed verdict and the evidence carried to
 - Split: the observed shares of users and requests against the configured weights
   (`core.gate.srm`). A mismatch is `invalid`: every comparison below would be biased, so none
   decides; the weights are held and a person asked.
+- Two confidences: a step passes when every interval at `confidence` (95 %) is within its
+  tolerance, and fails only when a figure is past it at `rollback_confidence` (99 %).
 - Latency, the mean: the ratio of geometric-mean latencies canary/baseline, exp(Δ mean log
   latency), with an always-valid confidence sequence (`core.gate.sequential`). A regression
-  counts only when it is statistically clear (the interval's low end is above x1) *and* its
-  estimate exceeds the practical tolerance (+`tolerance_pct` % of the baseline's P95 or
+  counts only when it is statistically clear (its always-valid p below 1 - rollback_confidence)
+  *and* its estimate exceeds the practical tolerance (+`tolerance_pct` % of the baseline's P95 or
   +`tolerance_ms`, whichever is larger, as a ratio).
 - Latency, the tail: the P95 ratio canary/baseline (and the P99 once both cohorts have
   `p99_min_requests`), its own always-valid interval (`core.gate.quantile`). It fails the step
@@ -17,7 +19,8 @@ window's, for the record) it returns a typed verdict and the evidence carried to
 - The step passes only when the mean's and the P95's intervals are both below the tolerance
   and the errors' below theirs.
 - Errors: the difference of 5xx rates, the same way, against `error_tolerance_pt`.
-- The absolute SLOs (P95, error rate) apply to the canary as before.
+- The absolute SLOs (P95, error rate) apply to the canary: a step fails when one is exceeded
+  with confidence, and a canary over one, not yet surely, does not pass.
 - Clicks: with feedback flowing, the ratio of click-through rates canary/baseline over the whole
   canary so far, with the same kind of always-valid interval: a harm detector, not a pass
   condition (clicks accrue far more slowly than latency samples).
@@ -190,6 +193,7 @@ def judge_window(
         and evidence.p95.high < within
         and evidence.errors.high < error_tol
         and canary.p95_ms <= rules.max_p95_ms  # over the SLO, but not yet surely: not a pass
+        and canary.errors <= rules.max_error_rate * canary.requests  # the same for errors
     ):
         return verdict(
             Verdict.passed,
@@ -358,18 +362,20 @@ def _failures(
     if over is not None:
         failures.append(
             f"absolute SLO: canary P95 {canary.p95_ms:.1f} ms > {rules.max_p95_ms:g} ms "
-            f"(always-valid {rules.confidence:.0%} low end {over:.1f} ms)"
+            f"(always-valid {rules.rollback_confidence:.0%} low end {over:.1f} ms)"
         )
     errors_low = _errors_over_the_slo(rules, canary)
     if errors_low is not None:
         failures.append(
             f"absolute SLO: canary error rate {canary.errors / canary.requests:.2%} > "
-            f"{rules.max_error_rate:.2%} (always-valid {rules.confidence:.0%} low end "
+            f"{rules.max_error_rate:.2%} (always-valid {rules.rollback_confidence:.0%} low end "
             f"{errors_low:.2%}, clustered by user and second)"
         )
-    # A step fails only at `rollback_confidence`: a running always-valid p below its alpha
-    # (the p-value is the smallest alpha whose sequence excluded no change at some look), or
-    # for the tail, this look's sequence at that alpha wholly beyond the tolerance.
+    # A step fails only at `rollback_confidence`. For the mean, the errors and the clicks: the
+    # running always-valid p (the smallest alpha whose sequence excluded no change at some look;
+    # two-sided) below its alpha, with this look's estimate past the tolerance in the harmful
+    # direction. For the tail and the absolute SLOs: this look's sequence at that alpha wholly
+    # past the limit.
     sure = rules.rollback_alpha
     lat, err = evidence.latency, evidence.errors
     if lat.p_value < sure and shifts.latency.value > math.log(tolerance):
@@ -380,16 +386,16 @@ def _failures(
             f"tail relative to baseline: {text.p95}, beyond the {text.tolerance} with "
             f"{rules.rollback_confidence:.0%} confidence (low end x{ratio(p95_low):.2f})"
         )
-    p99_low = (
-        confidence_sequence(shifts.p99, math.log(tolerance_99), sure).low
+    p99 = (
+        confidence_sequence(shifts.p99, math.log(tolerance_99), sure)
         if shifts.p99 is not None
-        else -math.inf
+        else None
     )
-    if p99_low > math.log(tolerance_99):
+    if p99 is not None and p99.low > math.log(tolerance_99):
         failures.append(
-            f"tail relative to baseline: P99 ratio interval x{ratio(evidence.p99.low):.2f}-"
-            f"x{ratio(evidence.p99.high):.2f}, beyond its tolerance x{tolerance_99:.2f} with "
-            f"{rules.rollback_confidence:.0%} confidence"
+            f"tail relative to baseline: P99 ratio {rules.rollback_confidence:.0%} interval "
+            f"x{ratio(p99.low):.2f}-x{ratio(p99.high):.2f}, beyond its tolerance "
+            f"x{tolerance_99:.2f}"
         )
     error_tol = rules.error_tolerance_pt / 100
     if err.p_value < sure and shifts.errors.value > error_tol:

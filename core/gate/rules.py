@@ -83,6 +83,11 @@ class CanaryRules:
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"invalid canary rules: {', '.join(bad)}")
+        if self.rollback_confidence < self.confidence:
+            raise ValueError(
+                f"invalid canary rules: rollback_confidence={self.rollback_confidence!r} is below "
+                f"confidence={self.confidence!r}: a step would fail on less evidence than it passes"
+            )
         if self.tolerance_pct == 0 and self.tolerance_ms == 0:
             raise ValueError("invalid canary rules: tolerance_pct and tolerance_ms are both 0")
 

@@ -50,3 +50,13 @@ def test_a_gate_run_keeps_the_capacity_and_mirror_figures_other_benches_measured
     kept = measured_elsewhere(out)
     assert kept["mirror_p95_cost"] == 1.53
     assert {k: kept["capacity_check"][k] for k in capacity} == capacity
+
+
+def test_an_unreadable_gate_json_reads_as_never_measured_rather_than_crashing_the_run(
+    tmp_path: Path,
+) -> None:
+    from bench.gate import measured_elsewhere
+
+    out = tmp_path / "gate.json"
+    out.write_text('{"capacity_check": {"flag_rate')  # cut short
+    assert measured_elsewhere(out)["capacity_check"]["flag_rate_twin"] is None

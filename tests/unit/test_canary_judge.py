@@ -169,6 +169,19 @@ def test_a_step_fails_only_at_the_rollback_confidence_and_passes_at_the_step_con
     assert at_95.verdict is Verdict.failed and at_95.reason.startswith("relative to baseline")
     with pytest.raises(ValueError, match="rollback_confidence"):
         CanaryRules(rollback_confidence=1.0)
+    with pytest.raises(ValueError, match="below confidence"):
+        CanaryRules(rollback_confidence=0.9)  # failing on less evidence than passing
+
+
+def test_a_canary_over_the_error_slo_but_not_yet_surely_does_not_pass() -> None:
+    """1.05 % errors against a 1 % SLO, on 40k requests a side: not sure enough to roll back,
+    and never a pass (as for a P95 over its SLO)."""
+    rng = np.random.default_rng(12)
+    canary = with_errors(40_000, 420, rng, users=8000)
+    baseline = cohort("baseline", rng, 40_000, error_rate=0.0105, users=8000)
+    gate, _ = judge(canary, baseline)
+    assert gate.verdict is Verdict.inconclusive, gate.reason
+    assert "absolute SLO" not in gate.reason
 
 
 def test_no_errors_anywhere_still_has_an_honest_interval() -> None:
