@@ -277,8 +277,15 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
             lambda: (r := http.get("/readyz")).status_code != 200 and r, 10, "worker not ready"
         )
         assert not_ready.status_code == 503 and "spool" in not_ready.json()["reason"]
-        metrics = http.get("/metrics").text
-        assert "relay_spool_over_cap 1.0" in metrics
+
+        # Readiness falls with the first spool over its cap, and the impressions spool (20 rows
+        # a request) often crosses before the request log's; relay_spool_over_cap is the request
+        # log's, so wait for its own crossing rather than read it at the first not-ready.
+        def over_cap_metrics() -> str:
+            text = http.get("/metrics").text
+            return text if "relay_spool_over_cap 1.0" in text else ""
+
+        metrics = wait_until(over_cap_metrics, 10, "the request-log spool over its cap")
         assert 'relay_log_rows_total{sink="spool"}' in metrics
         # still answering: the cap takes the worker out of rotation, it never drops rows
         assert http.post("/v1/predict", json=make_doc(n=2)).status_code == 200
