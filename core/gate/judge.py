@@ -219,13 +219,9 @@ def _over_the_slo(rules: CanaryRules, canary: CohortSums, shifts: Shifts) -> flo
     own = shifts.canary_p95
     if canary.p95_ms <= rules.max_p95_ms or own is None or not math.isfinite(own.variance):
         return None
-    slo = math.log(rules.max_p95_ms)
-    interval = confidence_sequence(
-        Estimate(own.value - slo, own.variance),
-        math.log(1 + rules.tolerance_pct / 100) or 0.1,
-        rules.rollback_alpha,
-    )
-    return rules.max_p95_ms * math.exp(interval.low) if interval.low > 0 else None
+    tau = math.log(1 + rules.tolerance_pct / 100) or 0.1
+    excess = _surely_above(own, math.log(rules.max_p95_ms), tau, rules.rollback_alpha)
+    return None if excess is None else rules.max_p95_ms * math.exp(excess)
 
 
 def _errors_over_the_slo(rules: CanaryRules, canary: CohortSums) -> float | None:
@@ -239,13 +235,16 @@ def _errors_over_the_slo(rules: CanaryRules, canary: CohortSums) -> float | None
     """
     if canary.requests <= 0 or canary.errors / canary.requests <= rules.max_error_rate:
         return None
-    own = error_rate(canary)
-    interval = confidence_sequence(
-        Estimate(own.value - rules.max_error_rate, own.variance),
-        max(rules.max_error_rate, 1e-4),
-        rules.rollback_alpha,
-    )
-    return rules.max_error_rate + interval.low if interval.low > 0 else None
+    tau = max(rules.max_error_rate, 1e-4)
+    excess = _surely_above(error_rate(canary), rules.max_error_rate, tau, rules.rollback_alpha)
+    return None if excess is None else rules.max_error_rate + excess
+
+
+def _surely_above(own: Estimate, limit: float, tau: float, alpha: float) -> float | None:
+    """How far the always-valid interval of `own` lies above `limit` (its low end minus the
+    limit), when all of it does; None otherwise. The absolute SLOs' one test."""
+    low = confidence_sequence(Estimate(own.value - limit, own.variance), tau, alpha).low
+    return low if low > 0 else None
 
 
 def _missing(canary: CohortSums | None, baseline: CohortSums | None) -> str:
