@@ -238,6 +238,17 @@ def _drift(d: Mapping[str, Any]) -> Iterable[str]:
         alarms = size["false_alarm_rate"]
         combined = alarms.get("combined") or next(iter(alarms.values()))
         yield f"{_num(size['window_rows'])} impressions/window: false alarms {_pct(combined['rate'])} of {combined['n']}"
+    served = _get(d, "served_clean")
+    combined = served["false_alarm_rate"]["combined"]
+    yield (
+        f"{_num(served['window_rows'])} served impressions/window (feeds of 20 sharing a user): "
+        f"false alarms {_pct(combined['rate'])} of {combined['n']}; the score's rule alone by "
+        "batches it runs over: "
+        + ", ".join(
+            f"{_num(b['batches'])} {_pct(b['rate'])}"
+            for b in served["score_false_alarm_by_batches"]
+        )
+    )
     yield f"cost per window on {_num(_get(d, 'cost_per_window.window_rows'))} impressions {_num(_get(d, 'cost_per_window.combined_s'), 2)} s"
 
 

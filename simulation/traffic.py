@@ -105,6 +105,26 @@ def request_bodies(events: pd.DataFrame, candidates: int) -> list[dict]:
     ]
 
 
+def served_impressions(
+    events: pd.DataFrame, candidates: int = 20, requests_per_session: int = 4
+) -> pd.DataFrame:
+    """The impressions the fleet logs when `request_bodies(events, candidates)` is served.
+
+    Each feed's candidates share the feed's first event's user, session and context fields, and
+    `requests_per_session` consecutive feeds are one session (as `_feeds` ids them): served
+    traffic is far more clustered than the seeder's sessions of about 8 events, which is what the
+    drift detectors see in production.
+    """
+    out = events.iloc[: len(events) // candidates * candidates].reset_index(drop=True)
+    first = np.arange(len(out)) // candidates * candidates
+    for name in (*USER_FIELDS, *SESSION_FIELDS, *CONTEXT_FIELDS):
+        out[name] = out[name].to_numpy()[first]
+    per_session = candidates * requests_per_session
+    out["session_id"] = [f"served-{i // per_session}" for i in range(len(out))]
+    out["position"] = SERVE_POSITION
+    return out
+
+
 def _feeds(traffic: LiveTraffic, shop: ShopConfig | None) -> tuple[list[dict[str, Any]], list[str]]:
     """The predict bodies a drive sends, in order, and the shopper session each belongs to."""
     n_requests = min(traffic.max_requests, max(1, int(traffic.rate_rps * traffic.duration_s)))

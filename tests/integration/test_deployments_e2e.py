@@ -208,7 +208,11 @@ def test_planted_drift_is_detected_and_its_event_starts_a_release_through_the_tr
     # trigger prefect.yaml declares on relay.drift.detected starts retrain-and-release.
     # First the shop's clean traffic: the same world the champion trained on, served through the
     # fleet and logged as impressions, must not look drifted.
-    clean = stack.wait_for_run(stack.run_deployment(DRIFT, {"window_minutes": 0.5}), 240)
+    # At the deployment's family-wise 1 % a correct drift-watch fails about one clean window in
+    # a hundred by design (bench.drift: 1.3 % of 300 served-shaped windows), so the clean check
+    # runs at 0.1 %: a systematic mismatch (an earlier one was p 4e-7) still fails it.
+    strict = {"window_minutes": 0.5, "rules": {"alpha": 0.001}}
+    clean = stack.wait_for_run(stack.run_deployment(DRIFT, strict), 240)
     assert clean["state_type"] == "COMPLETED", clean["state"]["message"]
     clean_report = stack.artifacts(clean["id"])["drift-watch"]["data"]
     assert clean_report.startswith("# Drift watch: passed"), clean_report

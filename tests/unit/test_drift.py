@@ -13,9 +13,9 @@ from core.data.validation import TrainingWindow, window_ending
 from core.drift.alerts import alert_decision, report_markdown, sparkline
 from core.drift.analysis import DriftRules, Reference, assess_drift, prepare_reference
 from relay.types import Verdict
-from serving.schema import CONTEXT_FIELDS, SESSION_FIELDS, USER_FIELDS
 from simulation.drift import Drift, apply_drift
 from simulation.shop import ShopConfig, generate_events
+from simulation.traffic import served_impressions
 
 T0 = datetime(2026, 11, 8, tzinfo=UTC)
 RULES = DriftRules()
@@ -39,25 +39,27 @@ def test_a_window_with_too_few_impressions_is_inconclusive_with_its_count(
     assert "150 impressions" in report.gate.reason and "fewer than 200" in report.gate.reason
 
 
-def served(frame: pd.DataFrame) -> pd.DataFrame:
-    """The shape the fleet logs: feeds of 20 candidates that share their first event's user,
-    session and context fields, four feeds a session (80 impressions)."""
-    out = frame.iloc[: len(frame) // 20 * 20].reset_index(drop=True)
-    first = np.arange(len(out)) // 20 * 20
-    for name in (*USER_FIELDS, *SESSION_FIELDS, *CONTEXT_FIELDS):
-        out[name] = out[name].to_numpy()[first]
-    out["session_id"] = [f"served-{i // 80}" for i in range(len(out))]
-    return out
-
-
 def test_a_few_served_sessions_of_clean_traffic_do_not_alarm(reference: Reference) -> None:
     # 400 impressions are five served sessions: the clustered mean test must not take its
     # variance from five clusters at face value (Student's t, not the normal)
     failed = sum(
-        assess_drift(reference, served(live(400, 100 + i)), RULES).gate.verdict is Verdict.failed
+        assess_drift(reference, served_impressions(live(400, 100 + i)), RULES).gate.verdict
+        is Verdict.failed
         for i in range(40)
     )
     assert failed <= 2  # family-wise alpha 1 %: 0.4 expected in 40
+
+
+def test_a_long_served_window_is_scored_on_a_sample_of_the_rules_size(reference: Reference) -> None:
+    # 32,000 served impressions are a 30-second window of the deployed stack's shop: the score's
+    # per-batch rule, run over all 1,280 batches, alarmed on 2.3 % of such clean windows
+    window = served_impressions(live(32_000, 7))
+    report = assess_drift(reference, window, RULES)
+    assert report.score is not None and len(report.score.z) == RULES.score_vectors // RULES.batch
+    assert report.gate.verdict is Verdict.passed, report.gate.reason
+    assert "at most 5,000 of the window's impressions" in report.gate.method
+    wider = assess_drift(reference, window, DriftRules(score_vectors=40_000))
+    assert wider.score is not None and len(wider.score.z) == 32_000 // RULES.batch
 
 
 @pytest.mark.parametrize("rows", [2_000, 20_000], ids=["tests", "distances"])
