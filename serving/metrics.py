@@ -57,6 +57,7 @@ class WorkerSnapshot:
     log_pending_limit: int = 0  # over it, predict requests are refused
     log_backpressure_rejections: int = 0
     log_written_rows: dict[str, int] = field(default_factory=dict)  # table -> rows out
+    spool_over_cap_by_table: dict[str, bool] = field(default_factory=dict)  # table -> over it
     shadow: dict[str, int] = field(default_factory=dict)  # mirrored, dropped, errors
 
 
@@ -259,9 +260,19 @@ def _log_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily(
         "relay_spool_over_cap",
-        "1 while the spool is over its cap.",
+        "1 while the request log's (inference_logs) spool is over its cap; every table's spool: "
+        "relay_spool_table_over_cap.",
         value=int(s.spool_over_cap),
     )
+    by_table = GaugeMetricFamily(
+        "relay_spool_table_over_cap",
+        "1 while that table's spool is over its cap: the worker is then not ready (shadow "
+        "pairs: mirroring stops instead).",
+        labels=["table"],
+    )
+    for table, over in s.spool_over_cap_by_table.items():
+        by_table.add_metric([table], int(over))
+    yield by_table
     yield GaugeMetricFamily(
         "relay_log_wal_ok",
         "1 while log rows are written ahead before answers leave; 0: kept in memory only.",

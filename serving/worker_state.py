@@ -65,6 +65,8 @@ def worker_snapshot(worker: Worker) -> WorkerSnapshot:
     writer = worker.log_writer
     backlog = writer.spool.backlog if writer else None
     stats = writer.stats if writer else None
+    pairs = worker.shadow.pair_log
+    spooled = [*worker.log_writers, *([pairs] if pairs is not None else [])]
     return WorkerSnapshot(
         ready=worker.ready()[0],
         queue_depth=sum(m.batcher.depth for m in t.models()),
@@ -96,6 +98,7 @@ def worker_snapshot(worker: Worker) -> WorkerSnapshot:
         spool_bytes=backlog.bytes if backlog else 0,
         spool_cap_bytes=writer.spool.max_bytes if writer else 0,
         spool_over_cap=bool(writer and writer.spool.over_cap),
+        spool_over_cap_by_table={w.spool.table.name: w.spool.over_cap for w in spooled},
         log_wal_ok=not (writer and writer.wal_error),
         log_wal_failures=stats.wal_failures if stats else 0,
         log_pending_rows={w.spool.table.name: w.pending for w in worker.log_writers},

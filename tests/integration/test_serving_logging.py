@@ -287,6 +287,9 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
 
         metrics = wait_until(over_cap_metrics, 10, "the request-log spool over its cap")
         assert 'relay_log_rows_total{sink="spool"}' in metrics
+        # every spool that is over says so by table: an operator sees why it is not ready
+        assert 'relay_spool_table_over_cap{table="inference_logs"} 1.0' in metrics
+        assert 'relay_spool_table_over_cap{table="impressions"} 1.0' in metrics
         # still answering: the cap takes the worker out of rotation, it never drops rows
         assert http.post("/v1/predict", json=make_doc(n=2)).status_code == 200
 

@@ -345,6 +345,7 @@ def test_health_readiness_and_metrics(http: httpx.Client) -> None:
         "relay_queue_depth",
         "relay_spool_bytes",
         "relay_spool_over_cap 0.0",
+        'relay_spool_table_over_cap{table="impressions"} 0.0',
         "relay_model_info",
         "relay_ready 1.0",
     ):
