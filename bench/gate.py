@@ -7,7 +7,9 @@
    and at a heavy (peak) load; the rows come back through the real spool and embedded ClickHouse.
 2. **Offline operating characteristic.** Simulated releases replay those rows through the loop
    the flow runs (`core.gate.plan.plan_canary` for the step lengths, `core.gate.step.run_step`
-   and `judge_window` for every look; default `CanaryRules`, steps 5/25/50 %, 20 s windows), for
+   and `judge_window` for every look; default `CanaryRules` with `peak_p95_ms` the peak
+   recording's baseline P95, as a release sets it from its capacity check (`anchored_rules`),
+   steps 5/25/50 %, 20 s windows), for
    light and heavy x 50 and 500 req/s x A/A, uniform x1.10/1.25/1.5/2, a tail (3 % of requests
    x4), a per-user shape (a tenth of users x2), a load-dependent cost (x1.5 at peak, x1 + 0.5 x
    rate/peak elsewhere) and +1 pt errors. Each window draws both cohorts (fresh users, a cluster
@@ -40,6 +42,7 @@ from bench.gate_replay import (
     WINDOW_S,
     Load,
     Recording,
+    anchored_rules,
     operating_characteristic,
     read_loads,
     save_loads,
@@ -342,7 +345,7 @@ def _figures(
         "live_traffic_rps": getattr(args, "live_rate", None),
         "live_budget_s": args.live_budget_s,
         "recordings": {load.name: load.summary() for load in loads},
-        "rules": CanaryRules().thresholds(),
+        "rules": anchored_rules(max(loads, key=lambda x: x.rps)).thresholds(),
         "steps": list(STEPS),
         "window_s": WINDOW_S,
         "releases_per_case": args.releases,

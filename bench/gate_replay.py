@@ -285,10 +285,20 @@ def replay_release(
     return ReleaseResult("promoted", windows)
 
 
+def anchored_rules(peak: Load) -> CanaryRules:
+    """Default rules anchored as a release anchors them after its capacity check: `tolerance_ms`
+    counted against the champion's P95 at the peak (here the peak recording's baseline rows)."""
+    ok = peak.baseline.status < 400
+    return CanaryRules(peak_p95_ms=round(float(np.percentile(peak.baseline.latency_ms[ok], 95)), 3))
+
+
 def operating_characteristic(loads: list[Load], releases: int, seed: int) -> list[dict[str, Any]]:
-    """One row per load x rate x regression: what share of releases ended which way, and when."""
-    rules = CanaryRules()
+    """One row per load x rate x regression: what share of releases ended which way, and when.
+
+    The rules are the defaults with `peak_p95_ms` where the release flow sets it: the champion's
+    P95 at the fleet's peak (`anchored_rules`), which the capacity check measures first."""
     peak = max(loads, key=lambda x: x.rps)
+    rules = anchored_rules(peak)
     cases = []
     for load in loads:
         for rps in (50.0, 500.0):

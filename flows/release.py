@@ -11,6 +11,7 @@ guard, which Prefect runs when the run is marked Crashed (tasks/reconcile.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 from pydantic import Field
 
-from core.gate.capacity import CapacityRules
+from core.gate.capacity import CapacityRules, anchor_at_peak
 from core.gate.plan import CanaryPlan
 from core.impact.types import ImpactOptions
 from flows.impact import impact_report
@@ -133,9 +134,8 @@ def retrain_and_release(
     if stable == release.version:
         return end(ReleaseOutcome.unchanged, "the fleet already serves this version")
 
-    plan = plan_canary_steps(
-        settings, release, canary_steps, analysis_window_s, gate, started, champion=stable
-    )
+    replan = _planner(settings, release, stable, canary_steps, analysis_window_s, started)
+    plan = replan(gate)
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
         go = _ask_to_start(settings, release, plan, approval_timeout_s)
         if go.verdict is not Verdict.passed:
@@ -144,7 +144,7 @@ def retrain_and_release(
         settings,
         release,
         stable,
-        plan,
+        (plan, replan),
         canary_steps,
         analysis_window_s,
         approval_timeout_s,
@@ -157,6 +157,26 @@ def retrain_and_release(
     if impact_report_after and outcome is not ReleaseOutcome.refused:  # a refused one had no users
         _report_canary_impact(settings, release, stable, impact)
     return _finish_with_history(settings, summary, release, outcome, reason)
+
+
+def _planner(
+    settings: Settings,
+    release: Release,
+    stable: str,
+    canary_steps: list[int],
+    window_s: float,
+    started: datetime,
+) -> Callable[[CanaryRules], CanaryPlan]:
+    """The canary plan for given rules: once before the canary, again once they are anchored."""
+    return partial(
+        plan_canary_steps,
+        settings,
+        release,
+        canary_steps,
+        window_s,
+        release_started=started,
+        champion=stable,
+    )
 
 
 def _build_candidate(
@@ -231,7 +251,7 @@ def _canary(
     settings: Settings,
     release: Release,
     stable: str,
-    plan: CanaryPlan,
+    plans: tuple[CanaryPlan, Callable[[CanaryRules], CanaryPlan]],
     canary_steps: list[int],
     analysis_window_s: float,
     approval_timeout_s: int,
@@ -241,8 +261,12 @@ def _canary(
 ) -> tuple[ReleaseOutcome, str]:
     """The candidate beside its baseline: capacity and shadow at weight 0, then the weighted
     steps. Any refusal or rejection raises inside the transaction, so the deploy's on_rollback
-    hook takes canary and baseline out of every worker before this returns."""
+    hook takes canary and baseline out of every worker before this returns.
+
+    The capacity check measures the champion's P95 at the fleet's peak; unless the run set
+    `gate.peak_p95_ms`, the steps count `tolerance_ms` against it, planned again for that."""
     decided: list[str] = []  # steps a person passed: the outcome says so
+    plan, replan = plans
     try:
         with transaction() as txn:
             txn.set("release", release)
@@ -253,6 +277,8 @@ def _canary(
                 if checked.verdict in (Verdict.failed, Verdict.error):  # inconclusive goes on
                     txn.set("verdict_at", time.time())
                     raise RefusedBeforeUsers("capacity check", checked)
+                if (anchored := anchor_at_peak(gate, checked)) is not gate:
+                    gate, plan = anchored, replan(anchored)
             shadowed = shadow_candidate(settings, release, stable, shadow, gate)
             if shadowed.verdict in (Verdict.failed, Verdict.error):
                 txn.set("verdict_at", time.time())

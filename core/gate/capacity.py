@@ -18,6 +18,7 @@ is more than `tolerance_pct` below the champion's.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
+from core.gate.rules import CanaryRules
 from relay.types import GateResult, Verdict
 
 CHAMPION = "champion"
@@ -282,3 +284,12 @@ def _figures(
         f"champion {measured['champion_p95_at_peak_ms']:.1f} ms"
     )
     return measured, figures
+
+
+def anchor_at_peak(gate: CanaryRules, checked: GateResult) -> CanaryRules:
+    """`gate` with `peak_p95_ms` from the capacity check (the champion's P95 at the fleet's peak),
+    unless the run set it or the check did not measure it; `gate` itself when unchanged."""
+    peak = checked.measurements.get("champion_p95_at_peak_ms")
+    if gate.peak_p95_ms is not None or peak is None or not math.isfinite(peak) or peak <= 0:
+        return gate
+    return dataclasses.replace(gate, peak_p95_ms=round(float(peak), 3))

@@ -30,8 +30,12 @@ class CanaryRules:
         10.0  # practical tolerance: +10 % of the baseline's P95 ...
     )
     tolerance_ms: Annotated[float, Field(ge=0, le=60_000)] = (
-        5.0  # ... or +5 ms, whichever is larger
+        5.0  # ... or +5 ms of the P95 at peak (`peak_p95_ms`), whichever is larger
     )
+    # The champion's P95 at the fleet's peak, which anchors tolerance_ms: a canary x1.5 at a light
+    # hour (+2.7 ms on 5.5 ms) is x1.5 at peak too (+17 ms on 34 ms). None: the release takes the
+    # capacity check's `champion_p95_at_peak_ms`; without one, the observed baseline P95.
+    peak_p95_ms: Annotated[float, Field(gt=0)] | None = None
     error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = (
         0.5  # errors: +0.5 percentage points over the baseline
     )
@@ -79,6 +83,7 @@ class CanaryRules:
             "p99_min_requests": self.p99_min_requests >= 100,
             "srm_p": 0 < self.srm_p < 0.5,
             "plan_max_windows": self.plan_max_windows >= 1,
+            "peak_p95_ms": self.peak_p95_ms is None or self.peak_p95_ms > 0,
         }
         bad = [f"{name}={getattr(self, name)!r}" for name, ok in checks.items() if not ok]
         if bad:
@@ -100,8 +105,14 @@ class CanaryRules:
         return 1 - self.rollback_confidence
 
     def latency_tolerance(self, baseline_p95_ms: float) -> float:
-        """The largest canary/baseline latency ratio that is not a regression."""
-        relative = self.tolerance_ms / baseline_p95_ms if baseline_p95_ms > 0 else math.inf
+        """The largest canary/baseline latency ratio that is not a regression.
+
+        `tolerance_ms` is counted against the P95 at peak where it is known (`peak_p95_ms`), or
+        the baseline's here if that is higher: a slowdown is a ratio, and what +5 ms means is
+        what it means where latency matters most, not at whatever hour the release runs.
+        """
+        anchor = max(baseline_p95_ms, self.peak_p95_ms or 0.0)
+        relative = self.tolerance_ms / anchor if anchor > 0 else math.inf
         return 1 + max(self.tolerance_pct / 100, relative)
 
     @property
@@ -124,6 +135,7 @@ class CanaryRules:
             "min_impressions": float(self.min_impressions),
             "p99_min_requests": float(self.p99_min_requests),
             "srm_p": self.srm_p,
+            **({"peak_p95_ms": self.peak_p95_ms} if self.peak_p95_ms is not None else {}),
         }
 
 

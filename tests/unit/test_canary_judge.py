@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime, timedelta
 
@@ -93,6 +94,24 @@ def test_tolerance_floor_in_ms_applies_when_baseline_is_fast() -> None:
     # baseline P95 ~ 12 ms: 10 % is 1.2 ms, so the +5 ms floor sets the tolerance
     assert RULES.latency_tolerance(12.0) == pytest.approx(1 + 5 / 12)
     assert RULES.latency_tolerance(200.0) == pytest.approx(1.10)
+
+
+def test_the_ms_floor_counts_at_the_peak_p95_so_a_light_hour_does_not_hide_a_slowdown() -> None:
+    # at a light hour the baseline's P95 is ~5 ms: +5 ms of it would let a canary x1.9 through,
+    # though at peak (P95 34 ms) the same x1.5 costs 17 ms
+    anchored = dataclasses.replace(RULES, peak_p95_ms=34.0)
+    assert anchored.latency_tolerance(5.0) == pytest.approx(1 + 5 / 34)
+    assert anchored.latency_tolerance(40.0) == pytest.approx(1 + 5 / 40)  # busier now: now's
+    assert anchored.thresholds()["peak_p95_ms"] == 34.0
+    rng = np.random.default_rng(21)
+    canary = cohort("canary", rng, 6_000, factor=1.5, median_ms=2.0, users=1000)
+    baseline = cohort("baseline", rng, 6_000, median_ms=2.0, users=1000)
+    assert judge(canary, baseline)[0].verdict is Verdict.passed  # within x1.9 at this hour
+    gate, _ = judge(canary, baseline, anchored)
+    assert gate.verdict is Verdict.failed, gate.reason
+    assert gate.measurements["latency_tolerance_ratio"] == pytest.approx(1 + 5 / 34)
+    with pytest.raises(ValueError, match="peak_p95_ms"):
+        CanaryRules(peak_p95_ms=0.0)
 
 
 def test_swapped_cohorts_would_not_fail_a_faster_canary() -> None:

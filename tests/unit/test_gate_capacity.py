@@ -12,11 +12,13 @@ from core.gate.capacity import (
     CHAMPION,
     CapacityRules,
     Round,
+    anchor_at_peak,
     bracket,
     curve,
     judge_capacity,
     throughput_at_slo,
 )
+from core.gate.rules import CanaryRules
 from relay.types import Verdict
 
 RATES = (100.0, 200.0, 400.0, 800.0, 1600.0)
@@ -57,6 +59,21 @@ def test_a_costlier_candidate_fails_naming_both_throughputs() -> None:
 def test_an_equal_cost_twin_passes() -> None:
     rounds = rounds_for(CHAMPION, 1000.0) + rounds_for(CANDIDATE, 980.0)
     assert judge_capacity(rounds, 100.0, SLO, CapacityRules()).verdict is Verdict.passed
+
+
+def test_the_champions_p95_at_peak_anchors_the_canarys_ms_tolerance_unless_the_run_set_one() -> (
+    None
+):
+    rounds = rounds_for(CHAMPION, 50.0) + rounds_for(CANDIDATE, 49.0)
+    checked = judge_capacity(rounds, 400.0, SLO, CapacityRules())
+    assert checked.measurements["champion_p95_at_peak_ms"] == pytest.approx(355.0)  # 5 + 350
+    anchored = anchor_at_peak(CanaryRules(), checked)
+    assert anchored.peak_p95_ms == pytest.approx(355.0)
+    assert anchored.latency_tolerance(5.0) == pytest.approx(1.10)  # not 1 + 5 / 5
+    chosen = CanaryRules(peak_p95_ms=40.0)
+    assert anchor_at_peak(chosen, checked) is chosen
+    unmeasured = judge_capacity([], 400.0, SLO, CapacityRules())
+    assert anchor_at_peak(CanaryRules(), unmeasured) == CanaryRules()
 
 
 def test_both_holding_the_slo_at_every_rate_passes_censored() -> None:
