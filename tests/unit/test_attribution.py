@@ -121,3 +121,13 @@ def test_ninety_percent_intervals_cover_a_planted_effect_about_ninety_percent_of
     assert coverage.point_inside_interval and coverage.resamples_min >= 200
     # 60 runs at a true 90 %: 3 binomial standard deviations either side is 0.78-1.0
     assert 0.78 <= coverage.rate <= 0.99, coverage
+
+
+def test_the_benchmark_plants_only_causes_the_graph_can_name() -> None:
+    # A case planting a cause by a name no node carries can never be judged correct: the load
+    # cases once planted "in_flight" after the graph had named offered load `load_rps`.
+    from bench.attribution import CASES
+    from core.attribution.graph import PLAYERS
+
+    for case in CASES:
+        assert set(case.planted) | set(case.also) <= set(PLAYERS), case
