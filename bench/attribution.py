@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +50,7 @@ from typing import Any
 
 import httpx
 
+from bench.scratch import scratch_dir
 from bench.serving import Target, build_small_version, save_results
 
 RESULTS = Path(__file__).parent / "results"
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "attribution.json")
     args = parser.parse_args(argv)
     started = time.time()
-    with tempfile.TemporaryDirectory(prefix="relay-bench-attribution-") as tmp:
+    with scratch_dir(prefix="relay-bench-attribution-") as tmp:
         results = run(args, Path(tmp))
     checks = targets(results)
     out = {

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-capacity-token"
@@ -165,7 +166,7 @@ def main() -> None:
     rules = CapacityRules()
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+    with scratch_dir(prefix="bench-capacity-") as tmp:
         worker, _, _ = start_worker_pair(Path(tmp))
         try:
             for i in range(runs):

@@ -53,7 +53,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -62,6 +61,7 @@ from typing import Any
 
 import httpx
 
+from bench.scratch import scratch_dir
 from relay.settings import Settings
 
 RESULTS = Path(__file__).parent / "results"
@@ -375,7 +375,7 @@ def main() -> None:
 
     from bench.serving import build_small_version
 
-    with tempfile.TemporaryDirectory(prefix="relay-bench-chaos-") as tmp_name:
+    with scratch_dir(prefix="relay-bench-chaos-") as tmp_name:
         tmp = Path(tmp_name)
         store, manifest = build_small_version(tmp, args.events)
         env = {

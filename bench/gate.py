@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -48,6 +47,7 @@ from bench.gate_replay import (
     save_loads,
     split_check,
 )
+from bench.scratch import scratch_dir
 from core.gate.plan import CanaryPlan
 from core.gate.rules import CanaryRules
 from relay.types import Verdict
@@ -296,7 +296,7 @@ def main() -> None:
         args.live_aa = args.live_ab = 0
 
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="relay-bench-gate-") as tmp_name:
+    with scratch_dir(prefix="relay-bench-gate-") as tmp_name:
         bench = start_fleet(Path(tmp_name))
         try:
             if args.recordings and args.recordings.exists():

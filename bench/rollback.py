@@ -30,13 +30,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-rollback-token"
@@ -274,7 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
 
-    with tempfile.TemporaryDirectory(prefix="relay-bench-rollback-") as tmp_name:
+    with scratch_dir(prefix="relay-bench-rollback-") as tmp_name:
         tmp = Path(tmp_name)
         os.environ.update(
             RELAY_HOME=str(tmp / "home"),  # this process's own release_events (chdb)

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -75,6 +74,7 @@ from bench.log_figures import (
     logged_rows,
 )
 from bench.mirror_cost import mirror_cost_figures, mirror_worker, run_mirror_only
+from bench.scratch import scratch_dir
 from serving.process import WorkerProcess
 
 __all__ = [
@@ -296,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.sched_setaffinity(0, {LOAD_CPU})
     docs = request_docs(64)
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="relay-bench-serving-") as tmp, ExitStack() as stack:
+    with scratch_dir(prefix="relay-bench-serving-") as tmp, ExitStack() as stack:
         home = Path(tmp)
         store, manifest = resolve_version(args.version, home, args.train_events)
         servers = start_servers(stack, home, store, manifest)
