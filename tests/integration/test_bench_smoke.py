@@ -37,6 +37,7 @@ COVERED_ELSEWHERE = {
     "log_figures": "bench.serving's log-path figures, run by the serving smoke",
     "gate_replay": "bench.gate's offline replay, run by tests/integration/test_bench_gate.py",
     "mirror_cost": "bench.serving's mirror_p95_cost (shadow off and on), run by the serving smoke",
+    "scratch": "the scratch directory of the benches below; every smoke run of those uses it",
     "chaos_release": "bench.chaos's release kills on the deployed stack (--release-kills); too slow "
     "for the smoke, which runs the worker and ingester kills",
 }
