@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.time()
     with scratch_dir(prefix="relay-bench-attribution-") as tmp:
-        results = run(args, Path(tmp))
+        results = run(args, tmp)
     checks = targets(results)
     out = {
         **results,

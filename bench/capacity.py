@@ -167,7 +167,7 @@ def main() -> None:
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     with scratch_dir(prefix="bench-capacity-") as tmp:
-        worker, _, _ = start_worker_pair(Path(tmp))
+        worker, _, _ = start_worker_pair(tmp)
         try:
             for i in range(runs):
                 for case in ("costlier", "twin") if i % 2 == 0 else ("twin", "costlier"):

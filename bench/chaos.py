@@ -375,8 +375,7 @@ def main() -> None:
 
     from bench.serving import build_small_version
 
-    with scratch_dir(prefix="relay-bench-chaos-") as tmp_name:
-        tmp = Path(tmp_name)
+    with scratch_dir(prefix="relay-bench-chaos-") as tmp:
         store, manifest = build_small_version(tmp, args.events)
         env = {
             "RELAY_HOME": str(tmp / "serving"),

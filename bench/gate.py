@@ -296,8 +296,8 @@ def main() -> None:
         args.live_aa = args.live_ab = 0
 
     started = time.monotonic()
-    with scratch_dir(prefix="relay-bench-gate-") as tmp_name:
-        bench = start_fleet(Path(tmp_name))
+    with scratch_dir(prefix="relay-bench-gate-") as tmp:
+        bench = start_fleet(tmp)
         try:
             if args.recordings and args.recordings.exists():
                 loads = read_loads(args.recordings)

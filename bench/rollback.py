@@ -275,8 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
 
-    with scratch_dir(prefix="relay-bench-rollback-") as tmp_name:
-        tmp = Path(tmp_name)
+    with scratch_dir(prefix="relay-bench-rollback-") as tmp:
         os.environ.update(
             RELAY_HOME=str(tmp / "home"),  # this process's own release_events (chdb)
             RELAY_MODEL_STORE_URL=f"file://{tmp / 'store'}",

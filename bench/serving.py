@@ -296,8 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.sched_setaffinity(0, {LOAD_CPU})
     docs = request_docs(64)
     results: dict[str, Any] = {}
-    with scratch_dir(prefix="relay-bench-serving-") as tmp, ExitStack() as stack:
-        home = Path(tmp)
+    with scratch_dir(prefix="relay-bench-serving-") as home, ExitStack() as stack:
         store, manifest = resolve_version(args.version, home, args.train_events)
         servers = start_servers(stack, home, store, manifest)
         server_of = {s: servers["worker" if s == "worker_binary" else s] for s in SCENARIOS}
