@@ -227,7 +227,15 @@ class DeployedStack:
         return {int(w.state.get("canary_weight", -1)) for w in self.fleet_state()}
 
     def release_events(self, release_id: str) -> list[dict[str, Any]]:
-        """The release's release_events rows, read by a subprocess (this one never opens chdb)."""
+        """The release's release_events rows, read by a subprocess (this one never opens chdb).
+
+        chdb admits one process per path, and a flow run is reported COMPLETED by its own process
+        before that process exits and lets go of the engine: so the read waits until the pool has
+        no flow-run process alive (a fresh-clone run failed 'Cannot lock file .../status' reading
+        right after a guard run completed)."""
+        self.wait_for(
+            lambda: self.flow_run_pids() == [], 120, "the pool's flow-run processes to exit"
+        )
         done = subprocess.run(
             [
                 sys.executable,
