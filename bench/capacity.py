@@ -8,9 +8,18 @@ traffic). Each run is one `tasks.capacity.run_capacity_check` against that worke
 default `CapacityRules` (the flow's), its SLO the gate's default P95 (300 ms), and no
 inference-log history (so the ladder starts at the floor):
 
-- **costlier**: the canary's compute slowed x1.3 on its engine thread (`/admin/latency` mode
-  `engine`, stage `compute`, factor 1.3): a real cost, measured by the stage's timer;
+- **costlier**: the canary 30 % costlier per request by construction. Before the runs, the
+  champion's CPU per request is measured on this worker (the worker process's CPU time over a
+  round of pinned stable requests offered faster than it can answer them, divided by the
+  requests answered: its cost flat out, the one that sets its capacity); the canary then
+  burns 0.3 x that much CPU on every request (`/admin/latency` mode `cpu`, booked to
+  `compute`), on the event loop like any costlier request path, so its cost per request is
+  1.3 x the champion's whatever this host's speed;
 - **twin**: no injection, the equal-cost twin.
+
+(An earlier plant slowed the canary's compute x1.3 on its engine thread, mode `engine`: that
+thread is not where this worker's time goes, so it added ~0.02 ms to a ~0.4 ms request, not
+30 %: immaterial by construction, and the check rightly saw nothing.)
 
 Runs alternate costlier / twin so host noise falls on both. Writes bench/results/capacity.json
 (one row per run) and the `capacity_check` key of bench/results/gate.json (read-modify-write:
@@ -21,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +42,13 @@ from bench.scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-capacity-token"
-COSTLIER_FACTOR = 1.3
+COSTLIER_FACTOR = 1.3  # the costlier canary's CPU per request, as a multiple of the champion's
+# The round that measures the champion's CPU per request offers more than the worker can answer
+# (the ladder stops at CapacityRules.max_rate_rps, 4,000): flat out, batches are full and the
+# cost per request is the one that sets its capacity. At a paced 1,000 req/s this host measured
+# 0.98 ms (fixed per-batch and idle costs spread over few requests), flat out 0.36 ms.
+COST_PROBE_RPS = 6000.0
+COST_PROBE_S = 4.0
 SLO_P95_MS = 300.0  # CanaryRules().max_p95_ms, read below so the two cannot drift apart
 
 
@@ -79,25 +96,50 @@ def start_worker_pair(tmp: Path) -> tuple[Any, str, str]:
     return worker, stable.version, twin.version
 
 
-def set_cost(url: str, factor: float) -> None:
-    """The canary's compute x`factor` on its engine thread (1.0: none)."""
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds the process has used so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def champion_cpu_ms_per_request(worker: Any) -> dict[str, float]:
+    """The worker's CPU per answered stable request, over one round offered above its capacity."""
+    import asyncio
+
+    from serving.load_test import pinned_requests, run_round
+    from tasks.capacity import request_docs
+
+    requests = pinned_requests(request_docs(500), worker.http_url, "stable", TOKEN)
+    pid = worker.process.pid
+    before = process_cpu_s(pid)
+    got = asyncio.run(run_round(worker.http_url, requests, COST_PROBE_RPS, COST_PROBE_S, 32))
+    used = process_cpu_s(pid) - before
+    answered = len(got.latencies_ms) - got.errors
+    if answered <= 0:
+        raise SystemExit("the cost probe got no answers from the worker")
+    return {"cpu_ms_per_request": 1000 * used / answered, "requests": float(answered)}
+
+
+def set_cost(url: str, cpu_ms: float) -> None:
+    """The canary burns `cpu_ms` of CPU per request after scoring (0: none)."""
     import httpx
 
     reply = httpx.post(
         f"{url}/admin/latency",
-        json={"slot": "canary", "ms": 0, "factor": factor, "stage": "compute", "mode": "engine"},
+        json={"slot": "canary", "ms": cpu_ms, "factor": 1.0, "stage": "compute", "mode": "cpu"},
         headers={"Authorization": f"Bearer {TOKEN}"},
         timeout=10,
     )
     reply.raise_for_status()
 
 
-def one_run(url: str, case: str, rules: Any) -> dict[str, Any]:
+def one_run(url: str, case: str, rules: Any, plant_ms: float) -> dict[str, Any]:
+    from core.gate.capacity import CANDIDATE, CHAMPION, curve
     from relay.settings import get_settings
     from relay.types import Verdict
     from tasks.capacity import run_capacity_check
 
-    set_cost(url, COSTLIER_FACTOR if case == "costlier" else 1.0)
+    set_cost(url, plant_ms if case == "costlier" else 0.0)
     run = run_capacity_check(get_settings(), SLO_P95_MS, rules, url)
     m = run.result.measurements
     return {
@@ -112,6 +154,17 @@ def one_run(url: str, case: str, rules: Any) -> dict[str, Any]:
         "champion_p95_at_peak_ms": m.get("champion_p95_at_peak_ms"),
         "candidate_p95_at_peak_ms": m.get("candidate_p95_at_peak_ms"),
         "reason": run.result.reason,
+        "curve": [
+            {
+                "version": version,
+                "offered_rps": p.offered_rps,
+                "p95_ms": round(p.p95_ms, 2) if math.isfinite(p.p95_ms) else None,
+                "achieved_rps": round(p.achieved_rps, 1),
+                "requests": p.requests,
+            }
+            for version in (CHAMPION, CANDIDATE)
+            for p in curve(run.rounds, version)
+        ],
     }
 
 
@@ -120,13 +173,28 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in rows if r["case"] == case]
         return round(sum(r["flagged"] for r in mine) / len(mine), 4) if mine else None
 
+    def median_shortfall(case: str) -> float | None:
+        """The median of 1 - candidate / champion throughput at the SLO over the case's runs."""
+        got = [
+            1 - r["candidate_throughput_rps"] / r["champion_throughput_rps"]
+            for r in rows
+            if r["case"] == case and r["candidate_throughput_rps"] and r["champion_throughput_rps"]
+        ]
+        return round(statistics.median(got), 4) if got else None
+
     return {
         "flag_rate_costlier": rate("costlier"),
         "flag_rate_twin": rate("twin"),
         "wall_s_max": max((r["wall_s"] for r in rows), default=None),
         "runs_costlier": sum(r["case"] == "costlier" for r in rows),
         "runs_twin": sum(r["case"] == "twin" for r in rows),
+        "median_shortfall_costlier": median_shortfall("costlier"),
+        "median_shortfall_twin": median_shortfall("twin"),
         "costlier_factor": COSTLIER_FACTOR,
+        "plant": (
+            "costlier: the canary burns (costlier_factor - 1) x the champion's measured CPU per "
+            "request on every request (/admin/latency mode cpu); twin: nothing planted"
+        ),
         "method": (
             "each run: tasks.capacity.run_capacity_check with the default CapacityRules on one "
             "real worker, champion (stable) and candidate (canary, weight 0) in alternating "
@@ -138,12 +206,28 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
     """`out` (capacity.json, one row per run), and the `capacity_check` key of gate.json beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**summary, "runs": rows}, indent=2) + "\n")
+    # one line per run (each carries its curve): readable, and a tenth of the size indented
+    head = json.dumps(summary, indent=2)[:-2]
+    body = ",\n".join("    " + json.dumps(row) for row in rows)
+    out.write_text(f'{head},\n  "runs": [\n{body}\n  ]\n}}\n')
     gate_path = out.with_name("gate.json")
     gate = json.loads(gate_path.read_text()) if gate_path.exists() else {}
-    gate["capacity_check"] = {
-        k: summary[k] for k in ("flag_rate_costlier", "flag_rate_twin", "wall_s_max")
-    } | {"runs_costlier": summary["runs_costlier"], "runs_twin": summary["runs_twin"]}
+    gate["capacity_check"] = (
+        {k: summary[k] for k in ("flag_rate_costlier", "flag_rate_twin", "wall_s_max")}
+        | {
+            k: summary[k]
+            for k in (
+                "runs_costlier",
+                "runs_twin",
+                "median_shortfall_costlier",
+                "median_shortfall_twin",
+                "champion_cpu_ms_per_request",
+                "plant_cpu_ms_per_request",
+            )
+            if k in summary
+        }
+        | {"source": "written here by python -m bench.capacity"}
+    )
     tmp = gate_path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(gate, indent=2) + "\n")
     tmp.replace(gate_path)  # whole or not at all: the rest of gate.json is never half-written
@@ -169,12 +253,21 @@ def main() -> None:
     with scratch_dir(prefix="bench-capacity-") as tmp:
         worker, _, _ = start_worker_pair(tmp)
         try:
+            probe = champion_cpu_ms_per_request(worker)
+            plant = {
+                "champion_cpu_ms_per_request": round(probe["cpu_ms_per_request"], 4),
+                "cost_probe_requests": int(probe["requests"]),
+                "plant_cpu_ms_per_request": round(
+                    (COSTLIER_FACTOR - 1) * probe["cpu_ms_per_request"], 4
+                ),
+            }
+            print(f"cost probe: {json.dumps(plant)}", flush=True)
             for i in range(runs):
                 for case in ("costlier", "twin") if i % 2 == 0 else ("twin", "costlier"):
-                    row = one_run(worker.http_url, case, rules)
+                    row = one_run(worker.http_url, case, rules, plant["plant_cpu_ms_per_request"])
                     rows.append(row)
                     # after every run: a run cut short still leaves the figures so far
-                    write_results(summarise(rows), rows, args.out)
+                    write_results({**summarise(rows), **plant}, rows, args.out)
                     print(
                         f"{case:8s} {row['verdict']:12s} {row['wall_s']:6.1f} s  "
                         f"cand {row['candidate_throughput_rps']} champ "
@@ -183,7 +276,7 @@ def main() -> None:
                     )
         finally:
             worker.stop()
-    summary = {**summarise(rows), "total_seconds": round(time.monotonic() - started, 1)}
+    summary = {**summarise(rows), **plant, "total_seconds": round(time.monotonic() - started, 1)}
     write_results(summary, rows, args.out)
     print(json.dumps(summary, indent=2))
 

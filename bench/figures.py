@@ -168,7 +168,20 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
         f"5 %->6 % detected within 2 windows in {_pct(srm.get('detected_within_2_windows'))}"
     )
     cap = d.get("capacity_check") or {}
-    yield f"capacity check: flags costlier {_pct(cap.get('flag_rate_costlier'))}, twin {_pct(cap.get('flag_rate_twin'))}"
+    plant = (
+        f" (costlier: +{float(cap['plant_cpu_ms_per_request']):.3f} ms CPU per request on the "
+        f"champion's measured {float(cap['champion_cpu_ms_per_request']):.3f} ms)"
+        if cap.get("plant_cpu_ms_per_request") is not None
+        and cap.get("champion_cpu_ms_per_request") is not None
+        else ""
+    )
+    yield (
+        f"capacity check{plant}: flags costlier {_pct(cap.get('flag_rate_costlier'))} of "
+        f"{_num(cap.get('runs_costlier'))} runs, twin {_pct(cap.get('flag_rate_twin'))} of "
+        f"{_num(cap.get('runs_twin'))}, median throughput shortfall costlier "
+        f"{_pct(cap.get('median_shortfall_costlier'))}, twin {_pct(cap.get('median_shortfall_twin'))}, "
+        f"longest check {_num(cap.get('wall_s_max'))} s"
+    )
     mirror = d.get("mirror_p95_cost")
     yield (
         "mirror P95 cost: stable's P95 with the shadow on over off "

@@ -373,8 +373,7 @@ def measured_elsewhere(out: Path) -> dict[str, Any]:
     return {
         "mirror_p95_cost": mirror.get("mirror_p95_cost"),
         "mirror_p95_cost_source": "serving_mirror.json (python -m bench.serving --mirror-only)",
-        "capacity_check": capacity
-        | {"source": "written here by python -m bench.capacity (20 runs per case)"},
+        "capacity_check": capacity | {"source": "written here by python -m bench.capacity"},
     }
 
 

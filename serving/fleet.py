@@ -292,8 +292,8 @@ class FleetClient:
         share: float = 1.0,
     ) -> FleetResult:
         """`share` of `slot`'s requests take `factor` times as long plus `ms` in `stage`, on
-        every worker: held after scoring (mode hold), or spent in the engine's batches (mode
-        engine, every request)."""
+        every worker: held after scoring (mode hold), burnt on the CPU after scoring (mode cpu),
+        or spent in the engine's batches (mode engine, every request)."""
         check_slot(slot)
         body = {"slot": slot, "ms": ms, "factor": factor, "stage": stage, "mode": mode}
         body["share"] = share

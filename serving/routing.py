@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
@@ -43,8 +44,11 @@ PINNABLE = (STABLE, CANARY)
 STAGES = ("queue", "preprocess", "compute", "postprocess")
 # "hold": the request is held after scoring and the time booked to `stage` (rehearses a slow
 # canary); "engine": the stage itself runs slower on the engine thread (a real cause: it is
-# measured by the stage's timer and queues the requests behind it), preprocess or compute only.
-INJECTION_MODES = ("hold", "engine")
+# measured by the stage's timer and queues the requests behind it), preprocess or compute only;
+# "cpu": the request's handler burns the time on the CPU after scoring, on the event loop and
+# holding the GIL, so every other request waits behind it (a costlier request path: what a
+# capacity test must see, where a hold or an engine-thread sleep costs the worker no CPU).
+INJECTION_MODES = ("hold", "engine", "cpu")
 ENGINE_STAGES = ("preprocess", "compute")
 MAX_INJECTED_MS = 60_000.0
 MAX_SLOWDOWN = 100.0
@@ -100,8 +104,19 @@ class Injection:
 
     @property
     def holds(self) -> bool:
-        """Whether requests are held after scoring (mode hold, and anything to add)."""
-        return self.mode == "hold" and (self.ms > 0 or self.factor > 1)
+        """Whether requests are delayed after scoring: held (mode hold) or burning CPU (cpu)."""
+        return self.mode in ("hold", "cpu") and (self.ms > 0 or self.factor > 1)
+
+    @property
+    def burns(self) -> bool:
+        """Whether the delay is spent on the CPU, blocking the event loop (mode cpu)."""
+        return self.mode == "cpu" and self.holds
+
+    def spend_cpu(self, seconds: float) -> None:
+        """Busy the calling thread for `seconds` of wall time, on the CPU (mode cpu)."""
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
 
     def applies(self, request_id: str) -> bool:
         """Whether this request is one of the `share` held."""
@@ -277,9 +292,9 @@ class RoutingTable(Generic[M]):
             raise RequestRejected(
                 "bad_latency", f"share must be above 0 and at most 1, got {share!r}"
             )
-        if share < 1.0 and mode != "hold":
+        if share < 1.0 and mode == "engine":
             raise RequestRejected(
-                "bad_mode", "a share below 1 holds single requests: mode hold only"
+                "bad_mode", "a share below 1 delays single requests: mode hold or cpu only"
             )
         injection = Injection(float(ms), float(factor), stage, mode, float(share))
         injections = {**self.injections, slot: injection}

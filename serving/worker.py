@@ -217,7 +217,12 @@ class Worker(CanaryControl):
             ex.batch = batch
         else:
             ex.scores, ex.batch = scores, batch
-        if ex.injection is not None:
+        if ex.injection is not None and ex.injection.burns:
+            burn_from = time.perf_counter()
+            ex.injection.spend_cpu(ex.injection.extra_s(burn_from - ex.t0))
+            ex.injected_s = time.perf_counter() - burn_from
+            done(ex)
+        elif ex.injection is not None:
             held_from = time.perf_counter()
 
             def release() -> None:

@@ -43,9 +43,9 @@ METHOD = (
 class CapacityRules:
     """How the capacity check loads one worker and when a candidate fails. The defaults' one home."""
 
-    # Off by default: on this 2-core host bench.capacity flagged a 30 % costlier candidate in
-    # 10 % of 20 runs and its equal-cost twin in 15 % (docs/gate.md), so switched on it would
-    # refuse good releases without catching costly ones. A deployment turns it on per run.
+    # Off by default: the check saturates one serving worker of the fleet for about half a
+    # minute while it answers users too (docs/gate.md). A deployment with headroom or a spare
+    # worker turns it on per run. Its measured flag rates: docs/benchmarks.md, `gate` row.
     enabled: bool = False
     tolerance_pct: Annotated[float, Field(gt=0, lt=100)] = (
         10.0  # candidate's throughput at the SLO more than 10 % below the champion's -> failed

@@ -152,6 +152,11 @@ def test_bench_capacity_runs_a_costlier_and_a_twin_check(runs):
         r["verdict"] in ("passed", "failed", "inconclusive", "error") for r in figures["runs"]
     )
     assert figures["wall_s_max"] <= 120  # each check inside its hard budget
+    # the costlier canary's plant is 30 % of the champion's CPU per request, measured in this run
+    assert figures["champion_cpu_ms_per_request"] > 0
+    assert figures["plant_cpu_ms_per_request"] == pytest.approx(
+        0.3 * figures["champion_cpu_ms_per_request"], abs=1e-3
+    )
     gate = json.loads(runs["capacity"].out.with_name("gate.json").read_text())
     assert set(gate["capacity_check"]) >= {"flag_rate_costlier", "flag_rate_twin", "wall_s_max"}
 

@@ -1,5 +1,6 @@
-"""Injected latency: held after scoring (mode hold) or spent inside the engine's batches (mode
-engine), where the stage's own timer measures it, as a real slower model would be."""
+"""Injected latency: held after scoring (mode hold), burnt on the CPU after scoring (mode cpu),
+or spent inside the engine's batches (mode engine), where the stage's own timer measures it, as a
+real slower model would be."""
 
 from __future__ import annotations
 
@@ -34,6 +35,25 @@ def test_an_engine_fault_costs_its_own_stage_only() -> None:
     fault.spend("compute", 0.002)  # 1 ms + (3 - 1) x 2 ms
     own = time.perf_counter() - began
     assert other < 0.002 and own >= 0.005
+
+
+def test_cpu_mode_delays_each_request_on_the_cpu_not_on_a_timer() -> None:
+    """A costlier request path: the delay is CPU the worker spends, so its throughput falls."""
+    injection = RoutingTable().with_latency("canary", 4.0, mode="cpu").injection("canary")
+    assert injection.holds and injection.burns and injection.engine_fault() is None
+    wall, cpu = time.perf_counter(), time.process_time()
+    injection.spend_cpu(injection.extra_s(0.0))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert wall >= 0.004 and cpu >= 0.5 * wall  # burnt, not slept (a shared core may steal some)
+    assert not RoutingTable().with_latency("canary", 4.0).injection("canary").burns
+
+
+def test_cpu_mode_may_plant_a_tail_and_engine_mode_may_not() -> None:
+    table = RoutingTable().with_latency("canary", 50.0, mode="cpu", share=0.05)
+    assert table.injection("canary").share == 0.05
+    with pytest.raises(RequestRejected) as refused:
+        RoutingTable().with_latency("canary", 50.0, mode="engine", share=0.05)
+    assert refused.value.code == "bad_mode"
 
 
 @pytest.mark.parametrize(

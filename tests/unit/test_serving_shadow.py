@@ -56,7 +56,7 @@ def test_an_injection_share_holds_that_share_of_requests() -> None:
     table = RoutingTable().with_latency("canary", 30.0, share=0.1)
     held = [table.injection("canary").applies(f"r-{i}") for i in range(10_000)]
     assert sum(held) / len(held) == pytest.approx(0.1, abs=0.01)
-    with pytest.raises(RequestRejected, match="hold only"):
+    with pytest.raises(RequestRejected, match="mode hold or cpu only"):
         RoutingTable().with_latency("canary", 30.0, mode="engine", stage="compute", share=0.5)
 
 
