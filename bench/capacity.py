@@ -8,8 +8,8 @@ traffic). Each run is one `tasks.capacity.run_capacity_check` against that worke
 default `CapacityRules` (the flow's), its SLO the gate's default P95 (300 ms), and no
 inference-log history (so the ladder starts at the floor):
 
-- **costlier**: the canary 30 % costlier per request by construction. Before the runs, the
-  champion's CPU per request is measured on this worker (the worker process's CPU time over a
+- **costlier**: the canary 30 % costlier per request by construction. Before each pair of runs,
+  the champion's CPU per request is measured on this worker (the worker process's CPU time over a
   round of pinned stable requests offered faster than it can answer them, divided by the
   requests answered: its cost flat out, the one that sets its capacity); the canary then
   burns 0.3 x that much CPU on every request (`/admin/latency` mode `cpu`, booked to
@@ -21,14 +21,19 @@ inference-log history (so the ladder starts at the floor):
 thread is not where this worker's time goes, so it added ~0.02 ms to a ~0.4 ms request, not
 30 %: immaterial by construction, and the check rightly saw nothing.)
 
-Runs alternate costlier / twin so host noise falls on both. Writes bench/results/capacity.json
-(one row per run) and the `capacity_check` key of bench/results/gate.json (read-modify-write:
-the rest of gate.json is kept): `flag_rate_costlier`, `flag_rate_twin`, `wall_s_max`.
+Runs alternate costlier / twin so host noise falls on both. `--quick` (the smoke test) runs
+one of each with shorter rounds and one refined rate, not the default rules; the summary's
+`rules` says which ran. Writes bench/results/capacity.json (one row per run, with its curve)
+and the `capacity_check` key of bench/results/gate.json (read-modify-write: the rest of
+gate.json is kept): `flag_rate_costlier`, `flag_rate_twin`, `wall_s_max`, the runs per case,
+the median throughput shortfall per case and how many runs' champion was censored at the
+ladder's cap, and the plant (`champion_cpu_ms_per_request`, `plant_cpu_ms_per_request`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -114,10 +119,31 @@ def champion_cpu_ms_per_request(worker: Any) -> dict[str, float]:
     before = process_cpu_s(pid)
     got = asyncio.run(run_round(worker.http_url, requests, COST_PROBE_RPS, COST_PROBE_S, 32))
     used = process_cpu_s(pid) - before
-    answered = len(got.latencies_ms) - got.errors
-    if answered <= 0:
+    if got.ok <= 0:
         raise SystemExit("the cost probe got no answers from the worker")
-    return {"cpu_ms_per_request": 1000 * used / answered, "requests": float(answered)}
+    # CPU spent on requests answered with an error (503 log back-pressure) is charged to the OK
+    # ones: counted, so a reader can see how much that inflates the estimate
+    rejected = sum(n for status, n in got.statuses.items() if status != 200)
+    if rejected > 0.01 * got.ok:
+        print(f"cost probe: {rejected} error answers beside {got.ok} OK ones (over 1 %)")
+    return {
+        "cpu_ms_per_request": 1000 * used / got.ok,
+        "requests": float(got.ok),
+        "rejected": float(rejected),
+    }
+
+
+def probe_summary(probes: list[dict[str, float]]) -> dict[str, Any]:
+    """The probes' medians (the costlier plant is 0.3 x each pair's own), range and counts."""
+    costs = [p["cpu_ms_per_request"] for p in probes]
+    return {
+        "champion_cpu_ms_per_request": round(statistics.median(costs), 4),
+        "champion_cpu_ms_per_request_range": [round(min(costs), 4), round(max(costs), 4)],
+        "plant_cpu_ms_per_request": round((COSTLIER_FACTOR - 1) * statistics.median(costs), 4),
+        "cost_probes": len(probes),
+        "cost_probe_requests": int(sum(p["requests"] for p in probes)),
+        "cost_probe_rejected": int(sum(p["rejected"] for p in probes)),
+    }
 
 
 def set_cost(url: str, cpu_ms: float) -> None:
@@ -131,6 +157,11 @@ def set_cost(url: str, cpu_ms: float) -> None:
         timeout=10,
     )
     reply.raise_for_status()
+
+
+def _finite(value: float | None) -> float | None:
+    """None for a figure that is not a number (a P95 of rounds nothing answered): strict JSON."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 def one_run(url: str, case: str, rules: Any, plant_ms: float) -> dict[str, Any]:
@@ -151,8 +182,8 @@ def one_run(url: str, case: str, rules: Any, plant_ms: float) -> dict[str, Any]:
         "peak_rps": run.peak_rps,
         "champion_throughput_rps": m.get("champion_throughput_rps"),
         "candidate_throughput_rps": m.get("candidate_throughput_rps"),
-        "champion_p95_at_peak_ms": m.get("champion_p95_at_peak_ms"),
-        "candidate_p95_at_peak_ms": m.get("candidate_p95_at_peak_ms"),
+        "champion_p95_at_peak_ms": _finite(m.get("champion_p95_at_peak_ms")),
+        "candidate_p95_at_peak_ms": _finite(m.get("candidate_p95_at_peak_ms")),
         "reason": run.result.reason,
         "curve": [
             {
@@ -173,6 +204,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in rows if r["case"] == case]
         return round(sum(r["flagged"] for r in mine) / len(mine), 4) if mine else None
 
+    def censored(case: str) -> int:
+        from core.gate.capacity import CapacityRules
+
+        cap = CapacityRules().max_rate_rps
+        return sum(r["case"] == case and r["champion_throughput_rps"] == cap for r in rows)
+
     def median_shortfall(case: str) -> float | None:
         """The median of 1 - candidate / champion throughput at the SLO over the case's runs."""
         got = [
@@ -190,13 +227,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "runs_twin": sum(r["case"] == "twin" for r in rows),
         "median_shortfall_costlier": median_shortfall("costlier"),
         "median_shortfall_twin": median_shortfall("twin"),
+        # runs whose champion held the SLO at every rate up to max_rate_rps: its throughput is a
+        # lower bound there, and so is the shortfall
+        "champion_censored_costlier": censored("costlier"),
+        "champion_censored_twin": censored("twin"),
         "costlier_factor": COSTLIER_FACTOR,
         "plant": (
-            "costlier: the canary burns (costlier_factor - 1) x the champion's measured CPU per "
-            "request on every request (/admin/latency mode cpu); twin: nothing planted"
+            "costlier: the canary burns (costlier_factor - 1) x the champion's CPU per request, "
+            "measured flat out just before its pair of runs, on every request (/admin/latency "
+            "mode cpu); twin: nothing planted"
         ),
         "method": (
-            "each run: tasks.capacity.run_capacity_check with the default CapacityRules on one "
+            "each run: tasks.capacity.run_capacity_check with `rules` (the defaults unless --quick) on one "
             "real worker, champion (stable) and candidate (canary, weight 0) in alternating "
             "rounds; flagged = verdict failed"
         ),
@@ -206,9 +248,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
     """`out` (capacity.json, one row per run), and the `capacity_check` key of gate.json beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    # one line per run (each carries its curve): readable, and a tenth of the size indented
-    head = json.dumps(summary, indent=2)[:-2]
-    body = ",\n".join("    " + json.dumps(row) for row in rows)
+    # one line per run (each carries its curve): readable, and two thirds of the size indented
+    head = json.dumps(summary, indent=2, allow_nan=False)[:-2]
+    body = ",\n".join("    " + json.dumps(row, allow_nan=False) for row in rows)
     out.write_text(f'{head},\n  "runs": [\n{body}\n  ]\n}}\n')
     gate_path = out.with_name("gate.json")
     gate = json.loads(gate_path.read_text()) if gate_path.exists() else {}
@@ -221,7 +263,11 @@ def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path
                 "runs_twin",
                 "median_shortfall_costlier",
                 "median_shortfall_twin",
+                "champion_censored_costlier",
+                "champion_censored_twin",
                 "champion_cpu_ms_per_request",
+                "champion_cpu_ms_per_request_range",
+                "cost_probes",
                 "plant_cpu_ms_per_request",
             )
             if k in summary
@@ -241,30 +287,39 @@ def main() -> None:
     SLO_P95_MS = CanaryRules().max_p95_ms
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per case")
-    parser.add_argument("--quick", action="store_true", help="1 run per case (smoke test)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 1 run per case, shorter rounds and one refined rate (not the default rules)",
+    )
     parser.add_argument(
         "--out", type=Path, default=RESULTS / "capacity.json", help="gate.json is written beside it"
     )
     args = parser.parse_args()
     runs = 1 if args.quick else args.runs
-    rules = CapacityRules()
+    # the smoke checks that the bench runs end to end; its figures are not the check's
+    rules = CapacityRules(round_s=0.3, refine_rates=1) if args.quick else CapacityRules()
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     with scratch_dir(prefix="bench-capacity-") as tmp:
         worker, _, _ = start_worker_pair(tmp)
         try:
-            probe = champion_cpu_ms_per_request(worker)
-            plant = {
-                "champion_cpu_ms_per_request": round(probe["cpu_ms_per_request"], 4),
-                "cost_probe_requests": int(probe["requests"]),
-                "plant_cpu_ms_per_request": round(
-                    (COSTLIER_FACTOR - 1) * probe["cpu_ms_per_request"], 4
-                ),
-            }
-            print(f"cost probe: {json.dumps(plant)}", flush=True)
+            plant: dict[str, Any] = {"rules": dataclasses.asdict(rules)}
+            probes: list[dict[str, float]] = []
             for i in range(runs):
+                # the host's speed drifts over a quarter of an hour (the champion's flat-out cost
+                # ranged 0.34-0.57 ms here within an hour): each pair's plant is sized just before it
+                probes.append(champion_cpu_ms_per_request(worker))
+                cost = probes[-1]["cpu_ms_per_request"]
+                plant |= probe_summary(probes)
+                print(f"cost probe {i}: {json.dumps(probes[-1])}", flush=True)
                 for case in ("costlier", "twin") if i % 2 == 0 else ("twin", "costlier"):
-                    row = one_run(worker.http_url, case, rules, plant["plant_cpu_ms_per_request"])
+                    planted = (COSTLIER_FACTOR - 1) * cost if case == "costlier" else 0.0
+                    row = one_run(worker.http_url, case, rules, planted)
+                    row |= {
+                        "champion_cpu_ms_per_request": round(cost, 4),
+                        "plant_cpu_ms_per_request": round(planted, 4),
+                    }
                     rows.append(row)
                     # after every run: a run cut short still leaves the figures so far
                     write_results({**summarise(rows), **plant}, rows, args.out)

@@ -169,8 +169,16 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
     )
     cap = d.get("capacity_check") or {}
     plant = (
-        f" (costlier: +{float(cap['plant_cpu_ms_per_request']):.3f} ms CPU per request on the "
-        f"champion's measured {float(cap['champion_cpu_ms_per_request']):.3f} ms)"
+        f" (costlier: +30 % CPU per request, sized before each pair of runs from the champion's "
+        f"flat-out cost: median {float(cap['champion_cpu_ms_per_request']):.3f} ms, planted "
+        f"+{float(cap['plant_cpu_ms_per_request']):.3f} ms"
+        + (
+            f", range {cap['champion_cpu_ms_per_request_range'][0]:.3f}-"
+            f"{cap['champion_cpu_ms_per_request_range'][1]:.3f} ms over {cap.get('cost_probes')} probes"
+            if cap.get("champion_cpu_ms_per_request_range")
+            else ""
+        )
+        + ")"
         if cap.get("plant_cpu_ms_per_request") is not None
         and cap.get("champion_cpu_ms_per_request") is not None
         else ""

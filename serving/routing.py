@@ -51,6 +51,9 @@ STAGES = ("queue", "preprocess", "compute", "postprocess")
 INJECTION_MODES = ("hold", "engine", "cpu")
 ENGINE_STAGES = ("preprocess", "compute")
 MAX_INJECTED_MS = 60_000.0
+# A cpu-mode request blocks the event loop for its whole burn (health checks, lease renewals and
+# the admin call that would clear it wait behind): a costlier request path, never a frozen worker.
+MAX_CPU_BURN_MS = 50.0
 MAX_SLOWDOWN = 100.0
 # How a slot ranks its answers: by the model's scores, or (to rehearse a version that is fast
 # but serves worse feeds, as a train/serve skew would) its scores reversed or shuffled.
@@ -99,7 +102,7 @@ class Injection:
     mode: str = "hold"  # one of INJECTION_MODES
     # Of the slot's requests, the share held (a keyed hash of the request id, so a mirrored
     # request is held as its twin would be): below 1 it plants a tail, a few per cent of
-    # requests several times slower, which moves the P95 far more than the mean. Hold only.
+    # requests several times slower, which moves the P95 far more than the mean. Hold or cpu.
     share: float = 1.0
 
     @property
@@ -113,8 +116,8 @@ class Injection:
         return self.mode == "cpu" and self.holds
 
     def spend_cpu(self, seconds: float) -> None:
-        """Busy the calling thread for `seconds` of wall time, on the CPU (mode cpu)."""
-        end = time.perf_counter() + seconds
+        """Busy the calling thread for `seconds` of wall time (at most MAX_CPU_BURN_MS), on the CPU."""
+        end = time.perf_counter() + min(seconds, MAX_CPU_BURN_MS / 1000)
         while time.perf_counter() < end:
             pass
 
@@ -291,6 +294,12 @@ class RoutingTable(Generic[M]):
         if type(share) not in (int, float) or not 0.0 < share <= 1.0:
             raise RequestRejected(
                 "bad_latency", f"share must be above 0 and at most 1, got {share!r}"
+            )
+        if mode == "cpu" and ms > MAX_CPU_BURN_MS:
+            raise RequestRejected(
+                "bad_latency",
+                f"mode cpu burns at most {MAX_CPU_BURN_MS:g} ms per request on the event loop, "
+                f"got {ms!r}",
             )
         if share < 1.0 and mode == "engine":
             raise RequestRejected(

@@ -43,9 +43,10 @@ METHOD = (
 class CapacityRules:
     """How the capacity check loads one worker and when a candidate fails. The defaults' one home."""
 
-    # Off by default: the check saturates one serving worker of the fleet for about half a
-    # minute while it answers users too (docs/gate.md). A deployment with headroom or a spare
-    # worker turns it on per run. Its measured flag rates: docs/benchmarks.md, `gate` row.
+    # Off by default: its measured flag rates miss the targets (docs/benchmarks.md, `gate` row:
+    # on a busy shared host it flags an equal-cost twin too often), and it saturates one serving
+    # worker of the fleet for about half a minute while that worker answers users too
+    # (docs/gate.md). A deployment with headroom or a spare worker turns it on per run.
     enabled: bool = False
     tolerance_pct: Annotated[float, Field(gt=0, lt=100)] = (
         10.0  # candidate's throughput at the SLO more than 10 % below the champion's -> failed

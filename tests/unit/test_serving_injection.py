@@ -48,6 +48,17 @@ def test_cpu_mode_delays_each_request_on_the_cpu_not_on_a_timer() -> None:
     assert not RoutingTable().with_latency("canary", 4.0).injection("canary").burns
 
 
+def test_cpu_mode_never_freezes_the_worker() -> None:
+    """Each burn blocks the event loop, health and admin calls included: 50 ms a request at most."""
+    with pytest.raises(RequestRejected) as refused:
+        RoutingTable().with_latency("canary", 51.0, mode="cpu")
+    assert refused.value.code == "bad_latency" and "at most 50 ms" in refused.value.detail
+    slow = RoutingTable().with_latency("canary", 10.0, 100.0, mode="cpu").injection("canary")
+    began = time.perf_counter()
+    slow.spend_cpu(slow.extra_s(10.0))  # a factor on a slow request: capped all the same
+    assert time.perf_counter() - began < 0.2
+
+
 def test_cpu_mode_may_plant_a_tail_and_engine_mode_may_not() -> None:
     table = RoutingTable().with_latency("canary", 50.0, mode="cpu", share=0.05)
     assert table.injection("canary").share == 0.05
