@@ -54,6 +54,7 @@ COSTLIER_FACTOR = 1.3  # the costlier canary's CPU per request, as a multiple of
 # 0.98 ms (fixed per-batch and idle costs spread over few requests), flat out 0.36 ms.
 COST_PROBE_RPS = 6000.0
 COST_PROBE_S = 4.0
+PROBE_BODIES = 500  # distinct request bodies the probe cycles through
 SLO_P95_MS = 300.0  # CanaryRules().max_p95_ms, read below so the two cannot drift apart
 
 
@@ -107,14 +108,20 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def champion_cpu_ms_per_request(worker: Any) -> dict[str, float]:
+def probe_requests(worker: Any) -> list[bytes]:
+    """The cost probe's requests: shop bodies as the capacity check makes them, pinned to stable."""
+    from serving.load_test import pinned_requests
+    from tasks.capacity import request_docs
+
+    return pinned_requests(request_docs(PROBE_BODIES), worker.http_url, "stable", TOKEN)
+
+
+def champion_cpu_ms_per_request(worker: Any, requests: list[bytes]) -> dict[str, float]:
     """The worker's CPU per answered stable request, over one round offered above its capacity."""
     import asyncio
 
-    from serving.load_test import pinned_requests, run_round
-    from tasks.capacity import request_docs
+    from serving.load_test import run_round
 
-    requests = pinned_requests(request_docs(500), worker.http_url, "stable", TOKEN)
     pid = worker.process.pid
     before = process_cpu_s(pid)
     got = asyncio.run(run_round(worker.http_url, requests, COST_PROBE_RPS, COST_PROBE_S, 32))
@@ -306,10 +313,11 @@ def main() -> None:
         try:
             plant: dict[str, Any] = {"rules": dataclasses.asdict(rules)}
             probes: list[dict[str, float]] = []
+            requests = probe_requests(worker)
             for i in range(runs):
                 # the host's speed drifts over a quarter of an hour (the champion's flat-out cost
                 # ranged 0.34-0.57 ms here within an hour): each pair's plant is sized just before it
-                probes.append(champion_cpu_ms_per_request(worker))
+                probes.append(champion_cpu_ms_per_request(worker, requests))
                 cost = probes[-1]["cpu_ms_per_request"]
                 plant |= probe_summary(probes)
                 print(f"cost probe {i}: {json.dumps(probes[-1])}", flush=True)

@@ -168,21 +168,17 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
         f"5 %->6 % detected within 2 windows in {_pct(srm.get('detected_within_2_windows'))}"
     )
     cap = d.get("capacity_check") or {}
-    plant = (
-        f" (costlier: +30 % CPU per request, sized before each pair of runs from the champion's "
-        f"flat-out cost: median {float(cap['champion_cpu_ms_per_request']):.3f} ms, planted "
-        f"+{float(cap['plant_cpu_ms_per_request']):.3f} ms"
-        + (
-            f", range {cap['champion_cpu_ms_per_request_range'][0]:.3f}-"
-            f"{cap['champion_cpu_ms_per_request_range'][1]:.3f} ms over {cap.get('cost_probes')} probes"
-            if cap.get("champion_cpu_ms_per_request_range")
-            else ""
+    plant = ""
+    if cap.get("champion_cpu_ms_per_request") is not None:
+        plant = (
+            " (costlier: +30 % CPU per request, sized before each pair of runs from the "
+            f"champion's flat-out cost: median {float(cap['champion_cpu_ms_per_request']):.3f} ms, "
+            f"planted +{float(cap['plant_cpu_ms_per_request']):.3f} ms"
         )
-        + ")"
-        if cap.get("plant_cpu_ms_per_request") is not None
-        and cap.get("champion_cpu_ms_per_request") is not None
-        else ""
-    )
+        if cap.get("champion_cpu_ms_per_request_range"):
+            low, high = cap["champion_cpu_ms_per_request_range"]
+            plant += f", range {low:.3f}-{high:.3f} ms over {cap.get('cost_probes')} probes"
+        plant += ")"
     yield (
         f"capacity check{plant}: flags costlier {_pct(cap.get('flag_rate_costlier'))} of "
         f"{_num(cap.get('runs_costlier'))} runs, twin {_pct(cap.get('flag_rate_twin'))} of "

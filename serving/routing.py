@@ -19,9 +19,11 @@ than one lease, and the workers need not talk to each other to converge on stabl
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
@@ -114,6 +116,18 @@ class Injection:
     def burns(self) -> bool:
         """Whether the delay is spent on the CPU, blocking the event loop (mode cpu)."""
         return self.mode == "cpu" and self.holds
+
+    def delay(self, started: float, then: Callable[[float], None]) -> None:
+        """Delay a scored request that began at `started` (perf_counter) by this injection, then
+        call `then` with the seconds the delay really took (timer lateness included): on the
+        CPU at once (mode cpu), or on the running event loop's timer (mode hold)."""
+        began = time.perf_counter()
+        extra = self.extra_s(began - started)
+        if self.burns:
+            self.spend_cpu(extra)
+            then(time.perf_counter() - began)
+        else:
+            asyncio.get_running_loop().call_later(extra, lambda: then(time.perf_counter() - began))
 
     def spend_cpu(self, seconds: float) -> None:
         """Busy the calling thread for `seconds` of wall time (at most MAX_CPU_BURN_MS), on the CPU."""

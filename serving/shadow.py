@@ -214,13 +214,8 @@ class ShadowMirror:
                 shadow.reject(RequestRejected("non_finite_score", "NaN/inf", 500))
             else:
                 shadow.scores = scores
-            if injection.burns and injection.applies(ex.request_id):
-                injection.spend_cpu(injection.extra_s(time.perf_counter() - shadow.t0))
-                self._pair(shadow, raw, stable)
-            elif injection.holds and injection.applies(ex.request_id):
-                held_from = time.perf_counter()
-                delay = injection.extra_s(held_from - shadow.t0)
-                asyncio.get_running_loop().call_later(delay, self._pair, shadow, raw, stable)
+            if injection.holds and injection.applies(ex.request_id):
+                injection.delay(shadow.t0, lambda _took_s: self._pair(shadow, raw, stable))
             else:
                 self._pair(shadow, raw, stable)
 

@@ -217,22 +217,15 @@ class Worker(CanaryControl):
             ex.batch = batch
         else:
             ex.scores, ex.batch = scores, batch
-        if ex.injection is not None and ex.injection.burns:
-            burn_from = time.perf_counter()
-            ex.injection.spend_cpu(ex.injection.extra_s(burn_from - ex.t0))
-            ex.injected_s = time.perf_counter() - burn_from
-            done(ex)
-        elif ex.injection is not None:
-            held_from = time.perf_counter()
+        if ex.injection is not None:
 
-            def release() -> None:
-                # What the hold really took, timer lateness included: the time is the
+            def release(took_s: float) -> None:
+                # What the delay really took, timer lateness included: the time is the
                 # injection's, and booking it elsewhere would plant a second cause.
-                ex.injected_s = time.perf_counter() - held_from
+                ex.injected_s = took_s
                 done(ex)
 
-            delay = ex.injection.extra_s(held_from - ex.t0)
-            asyncio.get_running_loop().call_later(delay, release)
+            ex.injection.delay(ex.t0, release)
         else:
             done(ex)
 
