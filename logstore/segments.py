@@ -5,7 +5,9 @@ that survive together: `RequestLogWriter.append`, `append_group`) or a columnar 
 Arrow IPC stream (`append_columns`: an engine batch's impressions, one record per batch). A
 record tells which it is by its first bytes: an IPC stream starts with the 0xFFFFFFFF
 continuation marker, JSON with `[`. A columnar record may be in a table's *journal* schema
-(`LogTable.journal`), a compact form that `LogTable.from_journal` turns into the table's rows.
+(`LogTable.journal`), a compact form that `LogTable.from_journal` turns into the table's rows,
+or its *record* schema (`LogTable.record`), cheaper to build on the request path, which the
+writer turns into the journal form (`LogTable.from_records`) before a segment is written.
 
 A spool segment is one Arrow IPC file (LZ4 frames), written to a temporary name, fsynced and
 renamed, so it appears whole or not at all. Arrow IPC is a copy of the columns' buffers: writing
@@ -134,13 +136,30 @@ def encode_columns(batch: pa.RecordBatch) -> bytes:
     return cast(bytes, sink.getvalue().to_pybytes())
 
 
+def journaled(parts: Sequence[pa.Table | pa.RecordBatch], table: LogTable) -> list[pa.Table]:
+    """Parts as tables, the write-ahead records among them turned into one journal table.
+
+    All records at once: building the journal costs the same few dozen Arrow calls for one
+    record as for a thousand.
+    """
+    records = [p for p in parts if table.is_record(p.schema)]
+    tables = [
+        p if isinstance(p, pa.Table) else pa.Table.from_batches([p])
+        for p in parts
+        if not table.is_record(p.schema)
+    ]
+    if records:
+        assert table.from_records is not None  # is_record: the table has a record form
+        tables.append(table.from_records(records))
+    return tables
+
+
 def as_table(parts: Sequence[pa.Table | pa.RecordBatch], table: LogTable) -> pa.Table:
-    """Columnar parts (in the table's schema or its journal's) as one table of `table`'s schema."""
-    journal = [p for p in parts if _is_journal(p.schema, table)]
-    tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in parts]
-    if len(journal) == len(parts) and parts:  # the usual case: expanded once, all together
+    """Columnar parts (in the table's schema, its journal's or its record's) as one table."""
+    tables = journaled(parts, table)
+    if tables and all(table.is_journal(t.schema) for t in tables):  # expanded all together
         return table.expand(pa.concat_tables(tables))
-    tables = [table.expand(t) if _is_journal(t.schema, table) else t for t in tables]
+    tables = [table.expand(t) if table.is_journal(t.schema) else t for t in tables]
     tables = [t.select(table.schema.names).cast(table.schema) for t in tables]
     return pa.concat_tables(tables) if tables else table.schema.empty_table()
 
@@ -160,22 +179,19 @@ def segment_table(
 def stored_form(
     rows: Sequence[Sequence[Any]], parts: Sequence[pa.RecordBatch], table: LogTable
 ) -> pa.Table:
-    """What a segment holds: journal batches as they are (ingestion expands them), else rows.
+    """What a segment holds: journal tables (records turned into one), else rows.
 
-    Keeping the journal form costs the writer a copy of its batches' buffers and nothing
-    else; expanding them is left to whoever ingests, off the serving worker's core.
+    Keeping the journal form costs the writer little; expanding it into the table's rows is
+    left to whoever ingests, off the serving worker's core.
     """
-    if parts and not rows and all(_is_journal(p.schema, table) for p in parts):
-        # An IPC file holds one dictionary per column: the batches' are merged into one, and
-        # the batches into one record batch. Small engine batches (one or two requests each)
+    forms = [table.is_journal(p.schema) or table.is_record(p.schema) for p in parts]
+    if parts and not rows and all(forms):
+        # An IPC file holds one dictionary per column: the tables' are merged into one, and
+        # the tables into one record batch. Small engine batches (one or two requests each)
         # made a file of hundreds of tiny LZ4 frames: 83 µs a batch, against 28 µs combined,
         # and a file 24 times the size (500 one-request batches, `time.thread_time`).
-        return pa.Table.from_batches(parts).unify_dictionaries().combine_chunks()
+        return pa.concat_tables(journaled(parts, table)).unify_dictionaries().combine_chunks()
     return segment_table(rows, parts, table)
-
-
-def _is_journal(schema: pa.Schema, table: LogTable) -> bool:
-    return table.journal is not None and schema.names == table.journal.names
 
 
 def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Table, int, int]:
@@ -227,7 +243,7 @@ def read_segment(path: Path, table: LogTable = INFERENCE_LOGS) -> pa.Table:
     else:
         with pa.OSFile(str(path), "rb") as f:
             found = ipc.open_file(f).read_all()
-        if _is_journal(found.schema, table):
+        if table.is_journal(found.schema):
             found = table.expand(found)
         found = _with_later_columns(found, table)
     for name, default in table.later:

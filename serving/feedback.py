@@ -4,7 +4,8 @@ Every scored predict request becomes one `impressions` row per candidate (sample
 at RELAY_SERVING_IMPRESSION_SAMPLE_RATE, so a request's candidates are logged all or none):
 the 27 features as the model saw them, its score and the rank that score gave the item, which
 is where the shopper sees it. An engine batch's impressions are written as one columnar record
-(`impression_batch`), on the engine's thread, before the batch's answers go out. `POST /v1/feedback` takes a shopper's clicks and orders on one
+(`impression_batch`), on the engine's thread, before the batch's answers go out; the writer
+turns records into segments off that path. `POST /v1/feedback` takes a shopper's clicks and orders on one
 request's items:
 
     {"request_id": "...", "events": [{"item_id": 5000123, "event": "click"},
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from logstore.log_tables import FEEDBACK_EVENTS, impression_journal
+from logstore.log_tables import FEEDBACK_EVENTS, impression_record, record_requests
 from logstore.spool import RequestLogWriter
 from serving.routing import LOAD_TEST
 from serving.schema import MAX_ID_CHARS, RAW_ORDER, RequestRejected, json_object
@@ -127,47 +128,27 @@ class Impressed(Protocol):
     session_id: str
 
 
-IMPRESSION_JOURNAL = impression_journal(RAW_ORDER)
-_TS = IMPRESSION_JOURNAL.field("ts").type
+IMPRESSION_RECORD = impression_record(RAW_ORDER)
 
 
 def impression_batch(
     requests: Sequence[Impressed], sizes: Sequence[int], raw: np.ndarray, scores: np.ndarray
 ) -> pa.RecordBatch:
-    """One engine batch's impressions as one columnar journal batch (IMPRESSION_JOURNAL).
+    """One engine batch's impressions as one write-ahead record (IMPRESSION_RECORD).
 
-    `raw` holds the requests' rows one request after the other (`sizes` rows each) and
-    `scores` their served scores. A candidate's rank is where its score puts it among its
-    request's candidates (1 = first; ties in the order they came). Per-request values are
-    dictionaries the rows index into: each is stored once per request, not once per row.
+    `raw` holds the requests' rows one request after the other (`sizes` rows each, whole
+    numbers) and `scores` their served scores. Only what must survive the answer is built
+    here, on the engine thread: the two arrays wrapped as they are and the per-request values
+    as JSON; ranks and dictionaries are the writer's (`logstore.log_tables.journal_from_records`).
     """
-    counts = np.asarray(sizes, dtype=np.int64)
-    n = int(counts.sum())
-    owner = np.repeat(np.arange(len(requests), dtype=np.int32), counts)
-    order = np.lexsort((-np.asarray(scores, dtype=np.float64), owner))  # stable, by request
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
-    rank = np.empty(n, dtype=np.uint16)
-    rank[order] = np.arange(1, n + 1) - starts
-    owners = pa.array(owner, pa.int32())
-
-    def per_request(values: list[str]) -> pa.DictionaryArray:
-        # Unchecked: the indices are 0..len(requests)-1 by construction (checking costs 5 µs).
-        return pa.DictionaryArray.from_arrays(owners, pa.array(values, pa.string()), safe=False)
-
-    ts_ms = np.round(np.array([r.ts for r in requests]) * 1000).astype(np.int64)
+    values = [(r.ts, r.request_id, r.slot, r.version, r.lineage_id, r.session_id) for r in requests]
     features = np.ascontiguousarray(raw, dtype=np.float64).reshape(-1)
     arrays = [
-        pa.array(np.repeat(ts_ms, counts)).view(_TS),  # int64 ms reinterpreted: no conversion
-        per_request([r.request_id for r in requests]),
-        pa.array(rank),
-        per_request([r.slot for r in requests]),
-        per_request([r.version for r in requests]),
-        per_request([r.lineage_id for r in requests]),
-        per_request([r.session_id for r in requests]),
         pa.array(np.asarray(scores, dtype=np.float32)),
         pa.FixedSizeListArray.from_arrays(pa.array(features), len(RAW_ORDER)),
     ]
-    return pa.RecordBatch.from_arrays(arrays, schema=IMPRESSION_JOURNAL)
+    schema = IMPRESSION_RECORD.with_metadata(record_requests(sizes, values))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 class FeedbackLog:

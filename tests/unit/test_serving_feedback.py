@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,3 +185,62 @@ def test_many_batches_impressions_share_one_segment_exactly(tmp_path: Path) -> N
     assert found.schema == IMPRESSIONS.schema and not list(tmp_path.glob("*.wal"))
     got = zip(*(found.column(c).to_pylist() for c in ("request_id", "slot", "rank")), strict=True)
     assert list(got) == expected
+
+
+def test_many_records_make_one_journal_with_each_requests_ranks_and_values() -> None:
+    from logstore.log_tables import journal_from_records
+
+    docs = [decode_json(orjson.dumps(make_doc(n=n, seed=n)), 100) for n in (3, 2, 4)]
+    records = [
+        impression_batch([Scored("a")], [3], docs[0].raw, np.array([0.1, 0.9, 0.5], np.float32)),
+        impression_batch(
+            [Scored("b", slot="canary", session_id="s-2"), Scored("c", ts=1.7e9 + 1)],
+            [2, 4],
+            np.concatenate([docs[1].raw, docs[2].raw]),
+            np.array([0.3, 0.3, 0.2, 0.8, 0.4, 0.6], np.float32),
+        ),
+    ]
+    journal = journal_from_records(records)
+    assert journal.num_rows == 9 and journal.column("request_id").num_chunks == 1
+    one_by_one = pa.concat_tables([IMPRESSIONS.expand(pa.Table.from_batches([r])) for r in records])
+    together = IMPRESSIONS.expand(journal)
+    assert together.equals(one_by_one)
+    assert together.column("rank").to_pylist() == [3, 1, 2, 1, 2, 4, 1, 3, 2]
+    assert together.column("slot").to_pylist() == ["stable"] * 3 + ["canary"] * 2 + ["stable"] * 4
+    ms = together.column("ts").cast(pa.int64()).to_pylist()
+    assert ms == [1_700_000_000_000] * 5 + [1_700_000_001_000] * 4
+    raw = np.concatenate([d.raw for d in docs])
+    price = raw[:, RAW_INDEX["price"]].astype(np.float32)
+    assert together.column("price").to_pylist() == price.tolist()  # the rows, exactly
+
+
+def test_a_record_whose_requests_do_not_account_for_its_rows_is_refused() -> None:
+    from logstore.log_tables import journal_from_records, record_requests
+
+    doc = decode_json(orjson.dumps(make_doc(n=3, seed=1)), 100)
+    record = impression_batch([Scored("a")], [3], doc.raw, np.zeros(3, np.float32))
+    wrong = record.replace_schema_metadata(record_requests([2], [(1.7e9, "a", "s", "v", "l", "x")]))
+    with pytest.raises(ValueError, match="do not add up to its 3 rows"):
+        journal_from_records([wrong])
+
+
+def test_a_write_ahead_file_with_journal_records_from_an_older_worker_is_recovered_whole(
+    tmp_path: Path,
+) -> None:
+    """Older workers wrote each engine batch's impressions ahead in the journal form."""
+    from logstore import wal
+    from logstore.log_tables import journal_from_records
+    from logstore.spool import decode_table, encode_columns
+
+    first, second = (decode_json(orjson.dumps(make_doc(n=n, seed=n)), 100) for n in (2, 3))
+    old = journal_from_records(
+        [impression_batch([Scored("old")], [2], first.raw, np.array([0.2, 0.1], np.float32))]
+    )
+    new = impression_batch([Scored("new")], [3], second.raw, np.array([0.1, 0.3, 0.2], np.float32))
+    data = b"".join(
+        wal.HEADER.pack(len(p), zlib.crc32(p)) + p
+        for p in (encode_columns(old.to_batches()[0]), encode_columns(new))
+    )
+    recovered, rows, torn = decode_table(data, IMPRESSIONS)
+    assert (rows, torn) == (5, 0) and recovered.schema == IMPRESSIONS.schema
+    assert sorted(recovered.column("request_id").to_pylist()) == ["new"] * 3 + ["old"] * 2
