@@ -280,6 +280,17 @@ def _serving_mirror(d: Mapping[str, Any]) -> Iterable[str]:
     )
 
 
+@renders("log_record")
+def _log_record(d: Mapping[str, Any]) -> Iterable[str]:
+    for case in _get(d, "cases"):
+        answer, writer = case["answer_path_us_per_batch"], case["writer_us_per_batch"]
+        yield (
+            f"impressions of {case['requests_per_batch']} requests a batch: "
+            f"{_num(answer['record'])} µs engine-thread CPU per batch before its answers "
+            f"(journal per batch: {_num(answer['journal'])} µs), writer {_num(writer['record'])} µs"
+        )
+
+
 @renders("gpu_check")
 def _gpu_check(d: Mapping[str, Any]) -> Iterable[str]:
     yield f"TensorRT {_get(d, 'tensorrt.status')}: {_get(d, 'tensorrt.reason')}"

@@ -57,6 +57,7 @@ COMMANDS: dict[str, str] = {
     "--reference-rows 4000 --cost-rows 2000",
     "capacity": "--quick",  # one costlier and one twin check on a real worker (~80 s)
     "experiment": "--releases 3 --users 200 --rows-10m 20000",
+    "log_record": "--batches 40 --repeats 1",
     "attribution": "--requests 1500 --train-events 4000 --calibration-runs 3",
     # two worker kills and the logging cost; no release kills: each needs a deployed stack and
     # two trained releases (minutes), and test_deployments_e2e already loses a release's host
@@ -191,6 +192,14 @@ def test_bench_serving_measures_every_scenario(runs):
     assert figures["ingest_rows_by_table"] == figures["ingest_landed_rows_by_table"]
     assert figures["ingest_rows_by_table"]["impressions"] > 0
     assert figures["mirror_p95_ms_by_mode"]["on"] > 0 and figures["mirror_counts"]["mirrored"] > 0
+
+
+def test_bench_log_record_measures_both_forms_at_every_batch_size(runs):
+    figures = runs["log_record"].finish()
+    assert [c["requests_per_batch"] for c in figures["cases"]] == [1, 4, 16]
+    for case in figures["cases"]:
+        for key in ("answer_path_us_per_batch", "writer_us_per_batch"):
+            assert set(case[key]) == {"record", "journal"} and min(case[key].values()) > 0, key
 
 
 def test_bench_rollback_rolls_a_canary_back_under_traffic(runs):
