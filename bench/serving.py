@@ -257,6 +257,7 @@ def slo_sweep(
 
 LOG_MODES = ("worker_nolog", "worker_requests_only", "worker")
 P95_RATE = 2000.0
+P95_HEADROOM = 0.8  # of the logging-off worker's closed-loop throughput, for the P95 target
 
 
 def log_path_figures(
@@ -370,6 +371,9 @@ def targets(r: dict[str, Any]) -> list[Target]:
     tracing_cost = 1 - r["worker_tracing_rps"] / r["worker_notrace_rps"]
     p95 = r["p95_at_2000_ms_by_mode"]
     p95_ratio = p95["worker"] / p95["worker_nolog"] if p95["worker_nolog"] else float("inf")
+    # A P95 compared at a rate near the logging-off worker's own capacity compares two queues,
+    # not two log paths: the target counts only with that worker below P95_HEADROOM of it.
+    below_capacity = P95_HEADROOM * r["worker_nolog_rps"] >= P95_RATE
     write = max(r["write_rows_s"], r["write_rows_s_binary"])
     ingest_ratio = r["ingest_rows_s"] / write if write else 0.0
     cpu = r["worker_cpu_us_per_request"] / r["worker_nolog_cpu_us_per_request"]
@@ -382,8 +386,9 @@ def targets(r: dict[str, Any]) -> list[Target]:
         Target(
             "p95 at 2000 req/s offered: worker / worker_nolog",
             round(p95_ratio, 3),
-            "<= 1.2",
-            p95_ratio <= 1.2,
+            f"<= 1.2, offered at most {P95_HEADROOM:.0%} of worker_nolog_rps "
+            f"(it was {P95_RATE / r['worker_nolog_rps']:.0%})",
+            p95_ratio <= 1.2 and below_capacity,
         ),
         _at_least("ingest_rows_s / write_rows_s (the higher of JSON and binary)", ingest_ratio, 2),
         Target(

@@ -132,7 +132,7 @@ def impression_journal(raw_order: tuple[str, ...]) -> pa.Schema:
 # feature rows as two columns wrapped around the engine's arrays without a copy, and the
 # per-request values (time, ids, how many candidates each) once, as JSON in the schema's
 # metadata under RECORD_REQUESTS. It costs four Arrow calls whatever the batch's size; the
-# journal built per batch cost about twenty, ~0.2 ms an engine batch, on the answers' path.
+# journal built per batch took about twenty (`python -m bench.log_record` measures both).
 # `journal_from_records` turns many records at once, in the writer's thread, into one journal.
 RECORD_REQUESTS = b"relay.requests"
 IMPRESSION_RECORD = pa.schema(
