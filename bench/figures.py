@@ -242,7 +242,15 @@ def _attribution(d: Mapping[str, Any]) -> Iterable[str]:
 def _experiment(d: Mapping[str, Any]) -> Iterable[str]:
     cov = _get(d, "coverage_by_metric")
     red = _get(d, "cuped_variance_reduction")
-    yield "95 % coverage " + ", ".join(f"{m} {_pct(v)}" for m, v in cov.items())
+    span = d.get("coverage_interval_by_metric", {})
+
+    def interval(m: str) -> str:
+        return f" [{_pct(span[m][0])}, {_pct(span[m][1])}]" if span.get(m) else ""
+
+    releases = sum(d.get("releases_per_case", {}).values())
+    yield f"95 % coverage over {_num(releases)} releases (Wilson 95 % interval) " + ", ".join(
+        f"{m} {_pct(v)}{interval(m)}" for m, v in cov.items()
+    )
     yield "CUPED variance reduction " + ", ".join(f"{m} {_pct(v)}" for m, v in red.items())
     yield f"effect detected at zero {_pct(_get(d, 'false_detection_rate_zero'))}"
     yield f"query + estimate on 10M rows {_num(_get(d, 'query_s_10m'))} s"
