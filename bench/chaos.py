@@ -14,7 +14,9 @@ Three parts, one run, loopback only; every loop is bounded in count and time and
    itself is SIGKILLed at a random moment under load and restarted. At the end the reader
    ingests what is left and every answered request id is looked up: `answered` (answers the
    clients saw), `rows_logged`, `rows_lost` (answered, no row), `rows_duplicated` (ids with more
-   than one row), per transport too (`by_transport`); `concurrent_ingestion` is true when an
+   than one row), per transport too (`by_transport`); and each answered request's impressions
+   (`impressions_lost`: answered without all its candidates' rows; `impressions_duplicated`:
+   a request with a rank twice; `impression_rows`); `concurrent_ingestion` is true when an
    ingester was alive at every worker kill; `ingester_kills` counts the kills under load.
    Target 0 lost, 0 duplicated.
 2. **Logging and fsync cost**, measured in the same run: three workers of the same model side by
@@ -61,6 +63,7 @@ from typing import Any
 
 import httpx
 
+from bench.load import CANDIDATES
 from bench.scratch import scratch_dir
 from relay.settings import Settings
 
@@ -267,8 +270,21 @@ def _rows_of(env: dict[str, str], run_tag: str, answered: dict[str, list[str]]) 
         ).result_rows
     )
     every = answered["http"] + answered["binary"]
+    # Each answered request's impressions: one row per candidate, every rank once (a batch's are
+    # one write-ahead record, so they survive all or none).
+    shown = {
+        rid: (int(rows), int(ranks))
+        for rid, rows, ranks in client.query(
+            "SELECT request_id, count(), uniqExact(rank) FROM impressions "
+            "WHERE startsWith(request_id, {tag:String}) GROUP BY request_id",
+            parameters={"tag": run_tag},
+        ).result_rows
+    }
     return {
         "answered": len(every),
+        "impression_rows": sum(rows for rows, _ in shown.values()),
+        "impressions_lost": sum(1 for rid in every if shown.get(rid, (0, 0))[1] < CANDIDATES),
+        "impressions_duplicated": sum(1 for rows, ranks in shown.values() if rows > ranks),
         "rows_logged": int(sum(counts.values())),
         "rows_lost": sum(1 for rid in every if rid not in counts),
         "rows_duplicated": sum(1 for n in counts.values() if n > 1),

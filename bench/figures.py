@@ -125,6 +125,12 @@ def _chaos(d: Mapping[str, Any]) -> Iterable[str]:
         f"{_num(_get(d, 'worker_kills'))} worker SIGKILLs: {_num(_get(d, 'answered'))} answered, "
         f"{_num(_get(d, 'rows_lost'))} rows lost, {_num(_get(d, 'rows_duplicated'))} duplicated"
     )
+    if "impression_rows" in d:
+        yield (
+            f"their impressions: {_num(d['impression_rows'])} rows, "
+            f"{_num(d['impressions_lost'])} requests missing some, "
+            f"{_num(d['impressions_duplicated'])} with a rank twice"
+        )
     for key in (
         "concurrent_ingestion",
         "ingester_kills",

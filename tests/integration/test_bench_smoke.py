@@ -275,6 +275,9 @@ def test_bench_chaos_kills_workers_and_finds_a_row_for_every_answered_request(ru
     assert figures["transports"] == ["binary", "http"]
     assert all(t["answered"] > 0 for t in figures["by_transport"].values())
     assert figures["rows_logged"] >= figures["answered"]
+    # every answered request's impressions too: all its candidates, each rank once
+    assert figures["impressions_lost"] == 0 and figures["impressions_duplicated"] == 0
+    assert figures["impression_rows"] >= 20 * figures["answered"]
     assert figures["worker_nolog_rps"] > 0 and figures["logging_cost"] is not None
 
 
