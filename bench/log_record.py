@@ -10,8 +10,9 @@ time), at 1, 4 and 16 requests of 20 candidates a batch:
 
   record   what the worker writes ahead: the scores and raw rows wrapped as they are, the
            per-request values as JSON in the record's schema metadata (`impression_batch`);
-  journal  the former path: the dictionary journal built for every engine batch on the
-           engine thread (`journal_from_records` of that one record) and written ahead.
+  journal  the former path, kept here as it was (`journal_batch`, serving.feedback's
+           `impression_batch` at commit 4147a9d): the dictionary journal, ranks included,
+           built for every engine batch on the engine thread and written ahead.
 
 `answer_path_us_per_batch` is the engine thread's CPU per batch; `writer_us_per_batch` the
 writer thread's CPU per batch to turn the rotation's records into one segment (called here on
@@ -34,13 +35,14 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pyarrow as pa
 
 from bench.load import request_docs
 from bench.scratch import scratch_dir
-from logstore.log_tables import FEEDBACK, IMPRESSIONS, journal_from_records
+from logstore.log_tables import FEEDBACK, IMPRESSIONS, impression_journal
 from logstore.spool import RequestLogWriter, SpoolWriter
-from serving.feedback import FeedbackLog, impression_batch
-from serving.schema import decode_json
+from serving.feedback import FeedbackLog
+from serving.schema import RAW_ORDER, decode_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CANDIDATES = 20
@@ -60,15 +62,50 @@ class Scored:
     session_id: str = "s-0001"
 
 
+JOURNAL = impression_journal(RAW_ORDER)
+
+
+def journal_batch(
+    requests: Sequence[Any], sizes: Sequence[int], raw: np.ndarray, scores: np.ndarray
+) -> pa.RecordBatch:
+    """The former engine-thread path, unchanged: one batch's impressions as a journal batch."""
+    counts = np.asarray(sizes, dtype=np.int64)
+    n = int(counts.sum())
+    owner = np.repeat(np.arange(len(requests), dtype=np.int32), counts)
+    order = np.lexsort((-np.asarray(scores, dtype=np.float64), owner))  # stable, by request
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    rank = np.empty(n, dtype=np.uint16)
+    rank[order] = np.arange(1, n + 1) - starts
+    owners = pa.array(owner, pa.int32())
+
+    def per_request(values: list[str]) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(owners, pa.array(values, pa.string()), safe=False)
+
+    ts_ms = np.round(np.array([r.ts for r in requests]) * 1000).astype(np.int64)
+    features = np.ascontiguousarray(raw, dtype=np.float64).reshape(-1)
+    arrays = [
+        pa.array(np.repeat(ts_ms, counts)).view(JOURNAL.field("ts").type),
+        per_request([r.request_id for r in requests]),
+        pa.array(rank),
+        per_request([r.slot for r in requests]),
+        per_request([r.version for r in requests]),
+        per_request([r.lineage_id for r in requests]),
+        per_request([r.session_id for r in requests]),
+        pa.array(np.asarray(scores, dtype=np.float32)),
+        pa.FixedSizeListArray.from_arrays(pa.array(features), len(RAW_ORDER)),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=JOURNAL)
+
+
 class JournalPerBatch(FeedbackLog):
     """The former path: each engine batch's dictionary journal built on the engine thread."""
 
     def write_impressions(
         self, requests: Sequence[Any], sizes: Sequence[int], raw: np.ndarray, scores: np.ndarray
     ) -> int:
-        journal = journal_from_records([impression_batch(requests, sizes, raw, scores)])
-        self.impressions.append_columns(journal.to_batches()[0])
-        return journal.num_rows
+        batch = journal_batch(requests, sizes, raw, scores)
+        self.impressions.append_columns(batch)
+        return batch.num_rows
 
 
 def _writer(directory: Path, table: Any) -> RequestLogWriter:

@@ -131,7 +131,7 @@ def impression_journal(raw_order: tuple[str, ...]) -> pa.Schema:
 # answers go out (serving.feedback.impression_batch): the candidates' served scores and raw
 # feature rows as two columns wrapped around the engine's arrays without a copy, and the
 # per-request values (time, ids, how many candidates each) once, as JSON in the schema's
-# metadata under RECORD_REQUESTS. It costs four Arrow calls whatever the batch's size; the
+# metadata under RECORD_REQUESTS. It costs five Arrow calls whatever the batch's size; the
 # journal built per batch took about twenty (`python -m bench.log_record` measures both).
 # `journal_from_records` turns many records at once, in the writer's thread, into one journal.
 RECORD_REQUESTS = b"relay.requests"

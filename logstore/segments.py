@@ -137,20 +137,18 @@ def encode_columns(batch: pa.RecordBatch) -> bytes:
 
 
 def journaled(parts: Sequence[pa.Table | pa.RecordBatch], table: LogTable) -> list[pa.Table]:
-    """Parts as tables, the write-ahead records among them turned into one journal table.
+    """Parts as tables, in order, each run of write-ahead records turned into one journal table.
 
-    All records at once: building the journal costs the same few dozen Arrow calls for one
-    record as for a thousand.
+    A run at once: building the journal costs the same few dozen Arrow calls for one record as
+    for a thousand, and a writer's file holds records only.
     """
-    records = [p for p in parts if table.is_record(p.schema)]
-    tables = [
-        p if isinstance(p, pa.Table) else pa.Table.from_batches([p])
-        for p in parts
-        if not table.is_record(p.schema)
-    ]
-    if records:
-        assert table.from_records is not None  # is_record: the table has a record form
-        tables.append(table.from_records(records))
+    tables: list[pa.Table] = []
+    for is_record, run in itertools.groupby(parts, key=lambda p: table.is_record(p.schema)):
+        if is_record:
+            assert table.from_records is not None  # is_record: the table has a record form
+            tables.append(table.from_records(list(run)))
+        else:
+            tables += [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in run]
     return tables
 
 
@@ -202,10 +200,14 @@ def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Tabl
     for i, payload in enumerate(payloads):
         try:
             if payload.startswith(_IPC_MARKER):
-                parts.append(ipc.open_stream(payload).read_all())
+                part = ipc.open_stream(payload).read_all()
+                if table.from_records is not None and table.is_record(part.schema):
+                    part = table.from_records([part])  # checks its requests against its rows
+                parts.append(part)
             else:
                 rows.extend(_json_rows(payload, table))
-        except (orjson.JSONDecodeError, pa.ArrowInvalid):  # only a bug writes this
+        except (orjson.JSONDecodeError, pa.ArrowInvalid, ValueError, KeyError, TypeError):
+            # only a bug writes this
             log.error("undecodable write-ahead record %d: dropping it and what follows", i)
             torn += sum(len(p) + wal.HEADER.size for p in payloads[i:])
             break

@@ -187,8 +187,9 @@ class RequestLogWriter:
     def append_columns(self, batch: pa.RecordBatch) -> None:
         """Write a columnar batch ahead as one record (all its rows or none) and queue it.
 
-        `batch` is in the table's schema or its journal's (`LogTable.journal`); it is kept by
-        reference until it is written out, so the caller must not change its buffers.
+        `batch` is in the table's schema, its journal's or its record's (`LogTable.journal`,
+        `LogTable.record`); it is kept by reference until it is written out, so the caller must
+        not change its buffers.
         """
         if batch.num_rows:
             self._write_ahead(encode_columns(batch), (), batch)

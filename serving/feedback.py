@@ -141,13 +141,20 @@ def impression_batch(
     here, on the engine thread: the two arrays wrapped as they are and the per-request values
     as JSON; ranks and dictionaries are the writer's (`logstore.log_tables.journal_from_records`).
     """
+    counts = [int(n) for n in sizes]
+    if len(counts) != len(requests) or sum(counts) != len(scores) or len(scores) != len(raw):
+        # Here, where one batch fails, never in the writer, where it would hold up every batch.
+        raise ValueError(
+            f"{len(requests)} requests of {sum(counts)} candidates in all, against "
+            f"{len(scores)} scores and {len(raw)} feature rows"
+        )
     values = [(r.ts, r.request_id, r.slot, r.version, r.lineage_id, r.session_id) for r in requests]
     features = np.ascontiguousarray(raw, dtype=np.float64).reshape(-1)
     arrays = [
         pa.array(np.asarray(scores, dtype=np.float32)),
         pa.FixedSizeListArray.from_arrays(pa.array(features), len(RAW_ORDER)),
     ]
-    schema = IMPRESSION_RECORD.with_metadata(record_requests(sizes, values))
+    schema = IMPRESSION_RECORD.with_metadata(record_requests(counts, values))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

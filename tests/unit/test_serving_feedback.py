@@ -243,4 +243,37 @@ def test_a_write_ahead_file_with_journal_records_from_an_older_worker_is_recover
     )
     recovered, rows, torn = decode_table(data, IMPRESSIONS)
     assert (rows, torn) == (5, 0) and recovered.schema == IMPRESSIONS.schema
-    assert sorted(recovered.column("request_id").to_pylist()) == ["new"] * 3 + ["old"] * 2
+    assert recovered.column("request_id").to_pylist() == ["old"] * 2 + ["new"] * 3  # in order
+
+
+def test_a_record_that_does_not_add_up_is_refused_where_it_is_built_and_where_it_is_read() -> None:
+    """On the engine thread one batch fails; in recovery it is an undecodable record."""
+    from logstore import wal
+    from logstore.log_tables import record_requests
+    from logstore.spool import decode_table, encode_columns
+
+    doc = decode_json(orjson.dumps(make_doc(n=3, seed=1)), 100)
+    with pytest.raises(ValueError, match="1 requests of 2 candidates in all, against 3 scores"):
+        impression_batch([Scored("a")], [2], doc.raw, np.zeros(3, np.float32))
+    good = impression_batch([Scored("a")], [3], doc.raw, np.zeros(3, np.float32))
+    bad = good.replace_schema_metadata(record_requests([2], [(1.7e9, "b", "s", "v", "l", "x")]))
+    payloads = [encode_columns(good), encode_columns(bad)]
+    data = b"".join(wal.HEADER.pack(len(p), zlib.crc32(p)) + p for p in payloads)
+    recovered, rows, torn = decode_table(data, IMPRESSIONS)
+    assert rows == 3 and recovered.column("request_id").to_pylist() == ["a"] * 3
+    assert torn == len(payloads[1]) + wal.HEADER.size  # the bad record, dropped and counted
+
+
+def test_bench_log_records_baseline_writes_the_same_rows_as_the_record() -> None:
+    """bench.log_record compares the record with the former path: both must mean the same rows."""
+    from bench.log_record import journal_batch
+
+    first, second = (decode_json(orjson.dumps(make_doc(n=n, seed=n)), 100) for n in (3, 4))
+    raw = np.concatenate([first.raw, second.raw])
+    scores = np.array([0.3, 0.1, 0.3, 0.9, 0.2, 0.5, 0.2], np.float32)
+    requests = [Scored("a"), Scored("b", slot="canary", ts=1.7e9 + 2.5)]
+    record = impression_batch(requests, [3, 4], raw, scores)
+    former = journal_batch(requests, [3, 4], raw, scores)
+    assert IMPRESSIONS.expand(pa.Table.from_batches([former])).equals(
+        IMPRESSIONS.expand(pa.Table.from_batches([record]))
+    )
