@@ -143,7 +143,9 @@ def _chaos(d: Mapping[str, Any]) -> Iterable[str]:
         "lease_s",
         "orphan_canary_s_max",
     ):
-        if key in d:
+        if key in d and key.endswith("_cost"):  # a share of throughput: 0.0833 is 8.3 %, not 0.1
+            yield f"{key}: {_pct(d[key])}"
+        elif key in d:
             yield f"{key}: {d[key] if isinstance(d[key], str | list) else _num(d[key])}"
 
 

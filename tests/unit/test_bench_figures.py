@@ -60,3 +60,9 @@ def test_an_unreadable_gate_json_reads_as_never_measured_rather_than_crashing_th
     out = tmp_path / "gate.json"
     out.write_text('{"capacity_check": {"flag_rate')  # cut short
     assert measured_elsewhere(out)["capacity_check"]["flag_rate_twin"] is None
+
+
+def test_a_cost_reads_as_the_share_it_is_so_a_miss_is_not_rounded_onto_its_target():
+    saved = {"worker_kills": 20, "answered": 9, "rows_lost": 0, "rows_duplicated": 0}
+    lines = list(figures._chaos({**saved, "logging_cost": 0.1049, "fsync_cost": 0.0833}))
+    assert "logging_cost: 10.5 %" in lines and "fsync_cost: 8.3 %" in lines, lines
