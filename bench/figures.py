@@ -109,6 +109,29 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
     if "p95_at_2000_ms_by_mode" in d:
         modes = ", ".join(f"{m} {_num(v)} ms" for m, v in d["p95_at_2000_ms_by_mode"].items())
         yield f"P95 at 2,000 req/s offered: {modes}"
+    if "mirror_p95_cost" in d:  # the same measurement as serving_mirror.json's, in this run
+        yield "mirror: " + _mirror_cost(d)
+
+
+def _gate_mirror(cost: float | None) -> str:
+    """gate.json's copy of serving_mirror.json's `mirror_p95_cost` (on / off - 1: 1.53 is x2.53)."""
+    return (
+        "mirror P95 cost: stable's P95 with the shadow on over off "
+        + (NOT_MEASURED if cost is None else f"+{_pct(cost)} (x{1 + float(cost):.2f})")
+        + " (serving_mirror.json)"
+    )
+
+
+def _mirror_cost(d: Mapping[str, Any]) -> str:
+    """Stable's P95 with the shadow on against off: `mirror_p95_cost` is on / off - 1."""
+    by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
+    cost = _get(d, "mirror_p95_cost")
+    return (
+        f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
+        f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on, "
+        f"+{_pct(cost)} (x{1 + float(cost):.2f}; mirror_p95_cost {float(cost):.3f}, median of "
+        f"{config['rounds']} alternating rounds of {_num(config['seconds'])} s)"
+    )
 
 
 @renders("rollback")
@@ -194,12 +217,7 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
         f"{_pct(cap.get('median_shortfall_costlier'))}, twin {_pct(cap.get('median_shortfall_twin'))}, "
         f"longest check {_num(cap.get('wall_s_max'))} s"
     )
-    mirror = d.get("mirror_p95_cost")
-    yield (
-        "mirror P95 cost: stable's P95 with the shadow on over off "
-        + (NOT_MEASURED if mirror is None else f"x{float(mirror):.2f}")
-        + " (serving_mirror.json)"
-    )
+    yield _gate_mirror(d.get("mirror_p95_cost"))
     yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
     for kind, outcomes in _live_outcomes(d).items():
         yield f"live {kind}: " + ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
@@ -287,13 +305,7 @@ def _drift(d: Mapping[str, Any]) -> Iterable[str]:
 
 @renders("serving_mirror")
 def _serving_mirror(d: Mapping[str, Any]) -> Iterable[str]:
-    by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
-    yield (
-        f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
-        f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on "
-        f"(mirror_p95_cost {_num(_get(d, 'mirror_p95_cost'))}, median of {config['rounds']} "
-        f"alternating rounds of {_num(config['seconds'])} s)"
-    )
+    yield _mirror_cost(d)
 
 
 @renders("log_record")

@@ -360,7 +360,7 @@ def measured_elsewhere(out: Path) -> dict[str, Any]:
     """gate.json's figures that other benches measure, as they last measured them.
 
     `capacity_check` is written into gate.json by `bench.capacity`, `mirror_p95_cost` into
-    serving_mirror.json by `bench.serving --mirror-only`; a gate run keeps both rather than
+    serving_mirror.json (and its copy here) by `bench.serving --mirror-only`; a gate run keeps both rather than
     erasing them, and says where each comes from (None where it was never measured).
     """
     previous = _read_json(out)

@@ -66,3 +66,29 @@ def test_a_cost_reads_as_the_share_it_is_so_a_miss_is_not_rounded_onto_its_targe
     saved = {"worker_kills": 20, "answered": 9, "rows_lost": 0, "rows_duplicated": 0}
     lines = list(figures._chaos({**saved, "logging_cost": 0.1049, "fsync_cost": 0.0833}))
     assert "logging_cost: 10.5 %" in lines and "fsync_cost: 8.3 %" in lines, lines
+
+
+def test_the_mirror_cost_reads_as_the_rise_it_is_not_as_the_ratio():
+    # mirror_p95_cost is on / off - 1: 41.8 -> 105.9 ms is a cost of 1.53, a ratio of 2.53
+    saved = {
+        "mirror_p95_cost": 1.5329,
+        "mirror_p95_ms_by_mode": {"off": 41.792, "on": 105.855},
+        "mirror_config": {"rate_rps": 2000.0, "share": 0.2, "rounds": 3, "seconds": 5.0},
+    }
+    [line] = figures._serving_mirror(saved)
+    assert "+153.3 % (x2.53" in line and "41.8 ms shadow off, 105.9 ms on" in line, line
+    assert figures._gate_mirror(1.5329) == (
+        "mirror P95 cost: stable's P95 with the shadow on over off +153.3 % (x2.53) "
+        "(serving_mirror.json)"
+    )
+
+
+def test_a_mirror_only_run_keeps_the_gate_rows_copy_of_its_figure_current(tmp_path: Path):
+    from bench.mirror_cost import copy_into_gate
+
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({"cases": [1], "mirror_p95_cost": 1.5329}))
+    copy_into_gate(0.3229, gate)
+    assert json.loads(gate.read_text()) == {"cases": [1], "mirror_p95_cost": 0.3229}
+    copy_into_gate(0.1, tmp_path / "absent" / "gate.json")  # no gate.json: nothing written
+    assert not (tmp_path / "absent").exists()
