@@ -278,14 +278,17 @@ def test_clickhouse_down_spools_every_row_and_a_full_spool_is_loud_but_lossless(
         )
         assert not_ready.status_code == 503 and "spool" in not_ready.json()["reason"]
 
-        # Readiness falls with the first spool over its cap, and the impressions spool (20 rows
-        # a request) often crosses before the request log's; relay_spool_over_cap is the request
-        # log's, so wait for its own crossing rather than read it at the first not-ready.
+        # Readiness falls with the first spool over its cap. Each table's writer crosses on its
+        # own rotation, in either order (a fresh clone once read the metrics between the two):
+        # wait for both crossings, the request log's (relay_spool_over_cap) and the impressions'.
         def over_cap_metrics() -> str:
             text = http.get("/metrics").text
-            return text if "relay_spool_over_cap 1.0" in text else ""
+            crossed = "relay_spool_over_cap 1.0" in text and (
+                'relay_spool_table_over_cap{table="impressions"} 1.0' in text
+            )
+            return text if crossed else ""
 
-        metrics = wait_until(over_cap_metrics, 10, "the request-log spool over its cap")
+        metrics = wait_until(over_cap_metrics, 10, "both tables' spools over their cap")
         assert 'relay_log_rows_total{sink="spool"}' in metrics
         # every spool that is over says so by table: an operator sees why it is not ready
         assert 'relay_spool_table_over_cap{table="inference_logs"} 1.0' in metrics
