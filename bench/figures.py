@@ -125,12 +125,12 @@ def _gate_mirror(cost: float | None) -> str:
 def _mirror_cost(d: Mapping[str, Any]) -> str:
     """Stable's P95 with the shadow on against off: `mirror_p95_cost` is on / off - 1."""
     by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
-    cost = _get(d, "mirror_p95_cost")
+    cost = _get(d, "mirror_p95_cost")  # None where the shadow-off P95 was 0
+    rise = NOT_MEASURED if cost is None else f"+{_pct(cost)} (x{1 + float(cost):.2f})"
     return (
         f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
         f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on, "
-        f"+{_pct(cost)} (x{1 + float(cost):.2f}; mirror_p95_cost {float(cost):.3f}, median of "
-        f"{config['rounds']} alternating rounds of {_num(config['seconds'])} s)"
+        f"{rise} (median of {config['rounds']} alternating rounds of {_num(config['seconds'])} s)"
     )
 
 

@@ -77,6 +77,8 @@ def test_the_mirror_cost_reads_as_the_rise_it_is_not_as_the_ratio():
     }
     [line] = figures._serving_mirror(saved)
     assert "+153.3 % (x2.53" in line and "41.8 ms shadow off, 105.9 ms on" in line, line
+    [unmeasured] = figures._serving_mirror({**saved, "mirror_p95_cost": None})
+    assert "not measured (median of 3" in unmeasured, unmeasured
     assert figures._gate_mirror(1.5329) == (
         "mirror P95 cost: stable's P95 with the shadow on over off +153.3 % (x2.53) "
         "(serving_mirror.json)"
