@@ -192,8 +192,16 @@ def stored_form(
     return segment_table(rows, parts, table)
 
 
-def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Table, int, int]:
-    """A write-ahead file's records as one table, its row count, and the torn tail dropped."""
+def decode_records(
+    data: bytes, table: LogTable = INFERENCE_LOGS, *, each_record: bool = False
+) -> tuple[list[Sequence[Any]], list[pa.Table], int]:
+    """A write-ahead file's records: its JSON rows, its columnar parts, and the torn tail dropped.
+
+    Columnar parts stay in the form they were written in (the table's, its journal's or its
+    record's), as `stored_form` takes them; with `each_record`, a part in the record form is
+    turned into a journal table on its own, which checks its requests against its rows, and a
+    part that fails the check ends what is read, as an undecodable record does.
+    """
     payloads, torn = wal.parse(data)
     rows: list[Sequence[Any]] = []
     parts: list[pa.Table] = []
@@ -201,8 +209,8 @@ def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Tabl
         try:
             if payload.startswith(_IPC_MARKER):
                 part = ipc.open_stream(payload).read_all()
-                if table.from_records is not None and table.is_record(part.schema):
-                    part = table.from_records([part])  # checks its requests against its rows
+                if each_record and table.from_records is not None and table.is_record(part.schema):
+                    part = table.from_records([part])
                 parts.append(part)
             else:
                 rows.extend(_json_rows(payload, table))
@@ -211,6 +219,12 @@ def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Tabl
             log.error("undecodable write-ahead record %d: dropping it and what follows", i)
             torn += sum(len(p) + wal.HEADER.size for p in payloads[i:])
             break
+    return rows, parts, torn
+
+
+def decode_table(data: bytes, table: LogTable = INFERENCE_LOGS) -> tuple[pa.Table, int, int]:
+    """A write-ahead file's records as one table, its row count, and the torn tail dropped."""
+    rows, parts, torn = decode_records(data, table, each_record=True)
     found = segment_table(rows, parts, table)
     return found, found.num_rows, torn
 

@@ -6,7 +6,9 @@ row; an engine batch's impressions are one columnar record (`append_columns`), w
 engine's thread before the batch's answers are delivered. Off the request path, every flush
 interval (or every `batch_rows` rows) the file is rotated: its rows become one immutable Arrow
 segment in the spool folder (temp name, fsync, rename) named after the file, and only then is
-the file deleted. A serving worker never opens chdb (one process per chdb path); whichever
+the file emptied for reuse. A serving worker hands that conversion to a low-priority sibling
+process (`logstore.segmenter`) so it never holds the worker's GIL; the writer's thread waits
+for it, and writes the segment itself only if the segmenter fails. A serving worker never opens chdb (one process per chdb path); whichever
 process owns the log store calls `ingest_spool` before reading. With a ClickHouse server the
 worker inserts each rotated file's rows directly and spools only while the server is
 unreachable, draining the spool once it answers. Formats: `logstore.segments`; names, recovery
@@ -41,6 +43,7 @@ from logstore.ingest import (
     wal_id,
 )
 from logstore.log_tables import LogTable
+from logstore.segmenter import Segmenter
 from logstore.segments import (
     COLUMNS,
     INFERENCE_LOGS,
@@ -151,8 +154,10 @@ class RequestLogWriter:
         flush_s: float,
         batch_rows: int,
         sync_each_record: bool = False,
+        segmenter: Segmenter | None = None,
     ) -> None:
         self.spool = spool
+        self._segmenter = segmenter  # RELAY_SERVING_LOG_SEGMENTER=process
         self._sync_each_record = sync_each_record  # RELAY_SERVING_LOG_FSYNC=request
         self._connect_server = connect_server
         self._server: LogServer | None = None
@@ -361,6 +366,8 @@ class RequestLogWriter:
                 except Exception as exc:  # the batch is in: never write it again
                     self._mark_down(exc)
                 return
+        if self._segmented(batch):
+            return
         try:
             self.spool.write(batch.stored(self.spool.table), batch.segment_id)
         except Exception:
@@ -370,6 +377,23 @@ class RequestLogWriter:
         # deletes the write-ahead file alone.
         self._done(batch)
         self.stats.rows_spooled += batch.count
+
+    def _segmented(self, batch: _Batch) -> bool:
+        """Whether the segmenter process wrote the batch's segment from its write-ahead file."""
+        held = batch.wal
+        if self._segmenter is None or held is None:  # rows in memory only: written here
+            return False
+        if not self._segmenter.segment(
+            self.spool.dir, self.spool.table, batch.segment_id, held.fd, held.used, batch.count
+        ):
+            return False
+        try:  # as SpoolWriter.write does: the segment is written, whatever the rescan says
+            self.spool.check_cap()
+        except OSError as exc:
+            log.warning("could not rescan spool %s: %s", self.spool.dir, exc)
+        self._done(batch)
+        self.stats.rows_spooled += batch.count
+        return True
 
     def _done(self, batch: _Batch) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ import socket
 
 from logstore.client import connect
 from logstore.log_tables import LogTable
+from logstore.segmenter import shared_segmenter
 from logstore.spool import RequestLogWriter, SpoolWriter
 from relay.settings import Settings
 
@@ -46,4 +47,5 @@ def log_writer_for(settings: Settings, table: LogTable, prefix: str) -> RequestL
         flush_s=settings.serving_log_flush_ms / 1000,
         batch_rows=settings.serving_log_batch_rows,
         sync_each_record=settings.serving_log_fsync == "request",
+        segmenter=shared_segmenter() if settings.serving_log_segmenter == "process" else None,
     )

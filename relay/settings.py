@@ -117,6 +117,13 @@ class Settings(BaseSettings):
         "answer is sent, so nothing answered is lost to a power loss either, at a cost measured "
         "by bench.chaos (`fsync_cost`).",
     )
+    serving_log_segmenter: Literal["process", "thread"] = Field(
+        default="process",
+        description="Where a rotated write-ahead file becomes a spool segment. `process`: a "
+        "low-priority sibling process per worker (logstore.segmenter), so the conversion never "
+        "holds the worker's GIL while requests wait; the worker writes a segment itself only if "
+        "the segmenter fails. `thread`: the worker's own log-writer thread, as before.",
+    )
     serving_request_log: bool = Field(
         default=True,
         description="Write one inference_logs row per request (off only to benchmark).",
