@@ -266,7 +266,7 @@ class RequestLogWriter:
                     self._sealed[:0] = batches[i:]
                 raise
         if not batches:
-            self.spool.check_cap()
+            self.spool.rescan_if_due()
 
     def _rotate(self) -> None:
         with self._lock:
@@ -387,10 +387,7 @@ class RequestLogWriter:
             self.spool.dir, self.spool.table, batch.segment_id, held.fd, held.used, batch.count
         ):
             return False
-        try:  # as SpoolWriter.write does: the segment is written, whatever the rescan says
-            self.spool.check_cap()
-        except OSError as exc:
-            log.warning("could not rescan spool %s: %s", self.spool.dir, exc)
+        self.spool.added(self.spool.dir / f"{batch.segment_id}{SEGMENT_SUFFIX}")
         self._done(batch)
         self.stats.rows_spooled += batch.count
         return True

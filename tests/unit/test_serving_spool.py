@@ -18,6 +18,7 @@ from logstore.spool import (
     INGESTING_SUFFIX,
     LogRow,
     RequestLogWriter,
+    SpoolBacklog,
     SpoolWriter,
     ingest_spool,
     read_segment,
@@ -351,3 +352,36 @@ def test_the_background_thread_writes_on_its_interval_and_on_close(tmp_path: Pat
     finally:
         writer.close()
     assert writer.stats.rows_spooled == 2 and writer.buffered == 0
+
+
+def test_a_big_backlog_is_counted_per_write_not_rescanned_at_every_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With nothing ingesting, every write used to list and stat the whole folder: each
+    # rotation slower than the last. Writes count their own segment; rescans are rate-limited.
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    scans = 0
+    real_scan = spool.scan
+
+    def counted() -> SpoolBacklog:
+        nonlocal scans
+        scans += 1
+        return real_scan()
+
+    monkeypatch.setattr(spool, "scan", counted)
+    paths = [spool.write(rows(3, f"b{i}")) for i in range(20)]
+    assert scans == 1  # the first write's; the next is due a second later
+    assert spool.backlog.segments == 20
+    assert spool.backlog.bytes == sum(p.stat().st_size for p in paths)
+
+
+def test_the_cap_is_crossed_by_the_write_that_crosses_it_between_rescans(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = SpoolWriter(tmp_path, max_bytes=1 << 30, prefix="w1")
+    first = spool.write(rows(50))
+    spool.max_bytes = first.stat().st_size + 1  # the next write crosses it
+    with caplog.at_level(logging.WARNING, logger="logstore.spool"):
+        spool.write(rows(50))
+    assert spool.over_cap
+    assert any(r.levelno == logging.ERROR and "over its cap" in r.message for r in caplog.records)
