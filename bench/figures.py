@@ -99,6 +99,7 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
         "worker_binary_rps",
         "worker_nolog_rps",
         "worker_requests_only_rps",
+        "worker_segmenter_thread_rps",
         "worker_tracing_rps",
         "worker_notrace_rps",
         "write_rows_s",

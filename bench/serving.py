@@ -106,6 +106,7 @@ SCENARIOS = (
     "worker_binary",
     "worker_nolog",
     "worker_requests_only",
+    "worker_segmenter_thread",
     "worker_tracing",
     "worker_notrace",
     "naive",
@@ -119,9 +120,14 @@ def start_servers(
     from serving.process import start_worker
 
     def worker(
-        name: str, log: bool, tracing: bool = True, impressions: float = 1.0
+        name: str,
+        log: bool,
+        tracing: bool = True,
+        impressions: float = 1.0,
+        segmenter: str = "process",
     ) -> WorkerProcess:
         env = {
+            "RELAY_SERVING_LOG_SEGMENTER": segmenter,
             "RELAY_SERVING_IMPRESSION_SAMPLE_RATE": str(impressions),
             "RELAY_HOME": str(home / name),
             "RELAY_MODEL_STORE_URL": store.backend.describe(),
@@ -156,6 +162,11 @@ def start_servers(
     servers["worker"] = worker("worker", log=True)
     servers["worker_nolog"] = worker("worker_nolog", log=False)
     servers["worker_requests_only"] = worker("worker_requests_only", log=True, impressions=0.0)
+    # The default worker with its segments written on its own log-writer thread, as before
+    # logstore.segmenter: what the sibling process changes, side by side.
+    servers["worker_segmenter_thread"] = worker(
+        "worker_segmenter_thread", log=True, segmenter="thread"
+    )
     # Tracing on and off in two fresh processes of their own, measured one after the other:
     # `worker` also serves the binary scenario, whose load it still carries (log rotation).
     servers["worker_tracing"] = worker("worker_tracing", log=True, tracing=True)
@@ -255,7 +266,7 @@ def slo_sweep(
     return best, points
 
 
-LOG_MODES = ("worker_nolog", "worker_requests_only", "worker")
+LOG_MODES = ("worker_nolog", "worker_requests_only", "worker", "worker_segmenter_thread")
 P95_RATE = 2000.0
 P95_HEADROOM = 0.8  # of the logging-off worker's closed-loop throughput, for the P95 target
 
@@ -394,6 +405,21 @@ def targets(r: dict[str, Any]) -> list[Target]:
         Target(
             "worker_requests_only_rps / worker_nolog_rps",
             r["worker_requests_only_over_nolog_rps"],
+            "reported",
+            True,
+        ),
+        Target(
+            "worker_segmenter_thread_rps / worker_nolog_rps",
+            r["worker_segmenter_thread_over_nolog_rps"],
+            "reported (segments written on the worker's own thread)",
+            True,
+        ),
+        Target(
+            "segments on the worker's thread: p95 at 2000 req/s, worker_segmenter_thread / "
+            "worker_nolog",
+            round(p95["worker_segmenter_thread"] / p95["worker_nolog"], 3)
+            if p95["worker_nolog"]
+            else float("inf"),
             "reported",
             True,
         ),

@@ -38,11 +38,14 @@ from pathlib import Path
 import orjson
 
 from logstore.log_tables import FEEDBACK, IMPRESSIONS, SHADOW_PAIRS, USER_SESSIONS, LogTable
-from logstore.segments import INFERENCE_LOGS, SEGMENT_SUFFIX, decode_records, stored_form
+from logstore.segments import (
+    INFERENCE_LOGS,
+    SEGMENT_SUFFIX,
+    decode_records,
+    stored_form,
+    write_segment,
+)
 from logstore.segments import log as spool_log
-from logstore.segments import write_segment
-
-log = logging.getLogger("logstore.segmenter")
 
 TABLES: dict[str, LogTable] = {
     t.name: t for t in (INFERENCE_LOGS, IMPRESSIONS, FEEDBACK, SHADOW_PAIRS, USER_SESSIONS)

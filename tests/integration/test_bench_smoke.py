@@ -181,12 +181,24 @@ def test_bench_store_runs_against_an_s3_server(runs):
 
 def test_bench_serving_measures_every_scenario(runs):
     figures = runs["serving"].finish()
-    for scenario in ("echo", "worker", "worker_binary", "worker_nolog", "worker_requests_only"):
+    for scenario in (
+        "echo",
+        "worker",
+        "worker_binary",
+        "worker_nolog",
+        "worker_requests_only",
+        "worker_segmenter_thread",
+    ):
         assert figures[f"{scenario}_rps"] > 0, scenario
     assert figures["raw_rps"] > 0 and figures["slo_sweep"]
     assert {t["name"] for t in figures["targets"]} >= {"worker_rps / echo_rps"}
     modes = figures["p95_at_2000_ms_by_mode"]
-    assert set(modes) == {"worker_nolog", "worker_requests_only", "worker"}
+    assert set(modes) == {
+        "worker_nolog",
+        "worker_requests_only",
+        "worker",
+        "worker_segmenter_thread",
+    }
     assert figures["write_rows_s"] > 0 and figures["ingest_rows_s"] > 0
     # every row the worker spooled was ingested, and is in the tables
     assert figures["ingest_rows_by_table"] == figures["ingest_landed_rows_by_table"]

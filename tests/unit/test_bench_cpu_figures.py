@@ -32,12 +32,14 @@ def test_log_cost_ratios_pair_each_round_so_a_busy_round_of_one_mode_cannot_skew
     rounds = {
         "worker": [_round(1000, 300), _round(1100, 250), _round(400, 320)],
         "worker_requests_only": [_round(1000, 220), _round(900, 230), _round(450, 240)],
+        "worker_segmenter_thread": [_round(900, 320), _round(1000, 260), _round(380, 330)],
         "worker_nolog": [_round(1020, 210), _round(500, 200), _round(420, 224)],
     }
     r = log_cost_ratios(rounds)
     assert r["worker_over_nolog_rps_rounds"] == [0.98, 2.2, 0.952]
     assert r["worker_over_nolog_rps"] == 0.98
     assert r["worker_requests_only_over_nolog_rps"] == pytest.approx(1.071, abs=1e-3)
+    assert r["worker_segmenter_thread_over_nolog_rps_rounds"] == [0.882, 2.0, 0.905]
 
 
 def test_a_worker_given_more_cpu_but_costlier_per_request_is_slower_per_cpu_second():
@@ -45,6 +47,7 @@ def test_a_worker_given_more_cpu_but_costlier_per_request_is_slower_per_cpu_seco
     rounds = {
         "worker": [_round(1300, 300), _round(1200, 250)],
         "worker_requests_only": [_round(1250, 240), _round(1150, 230)],
+        "worker_segmenter_thread": [_round(1250, 310), _round(1150, 260)],
         "worker_nolog": [_round(1000, 210), _round(900, 200)],
     }
     r = log_cost_ratios(rounds)
@@ -57,6 +60,7 @@ def test_a_round_with_nothing_answered_or_measured_is_left_out_not_divided_by():
     rounds = {
         "worker": [_round(0, 0.0)],
         "worker_requests_only": [_round(10, 200.0)],
+        "worker_segmenter_thread": [_round(10, 200.0)],
         "worker_nolog": [_round(0, 200.0)],
     }
     r = log_cost_ratios(rounds)
@@ -82,11 +86,17 @@ def test_the_p95_target_counts_only_where_the_logging_off_worker_had_headroom():
     saved = json.loads((Path(__file__).parents[2] / "bench/results/serving.json").read_text())
 
     def p95_target(nolog_rps: float) -> tuple[bool, str]:
-        r = {**saved, "worker_nolog_rps": nolog_rps}
+        r = {
+            **saved,
+            "worker_nolog_rps": nolog_rps,
+            "worker_segmenter_thread_rps": 1500.0,
+            "worker_segmenter_thread_over_nolog_rps": 0.7,
+        }
         r["p95_at_2000_ms_by_mode"] = {
             "worker_nolog": 10.0,
             "worker_requests_only": 10.5,
             "worker": 11.0,
+            "worker_segmenter_thread": 12.0,
         }
         (t,) = [t for t in targets(r) if t.name.startswith("p95 at 2000")]
         return t.met, t.target
