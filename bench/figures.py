@@ -110,6 +110,14 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
     if "p95_at_2000_ms_by_mode" in d:
         modes = ", ".join(f"{m} {_num(v)} ms" for m, v in d["p95_at_2000_ms_by_mode"].items())
         yield f"P95 at 2,000 req/s offered: {modes}"
+    if "log_backpressure_rejections" in d:
+        yield f"worker's requests refused for log back-pressure {_num(d['log_backpressure_rejections'])}"
+    if "worker_segments_by" in d:
+        by = d["worker_segments_by"]
+        yield (
+            f"worker's segments: by its segmenter {_num(by['segmenter'])}, "
+            f"by its writer's thread {_num(by['writer'])}"
+        )
     if "mirror_p95_cost" in d:  # the same measurement as serving_mirror.json's, in this run
         yield "mirror: " + _mirror_cost(d)
 

@@ -140,3 +140,15 @@ def log_cost_ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]
         **paired("worker_segmenter_thread", "rps", rps),
         **paired("worker", "rps_per_cpu", per_cpu),
     }
+
+
+def segments_by(url: str) -> dict[str, float]:
+    """Spool segments a worker wrote so far (every table), by the segmenter or the writer's thread."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = {"segmenter": 0.0, "writer": 0.0}
+    for line in text.splitlines():
+        if line.startswith("relay_log_segments_total{"):
+            for by in found:
+                if f'by="{by}"' in line:
+                    found[by] += float(line.rsplit(" ", 1)[1])
+    return found

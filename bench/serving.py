@@ -72,6 +72,7 @@ from bench.log_figures import (
     ingest_figures,
     log_cost_ratios,
     logged_rows,
+    segments_by,
 )
 from bench.mirror_cost import mirror_cost_figures, mirror_worker, run_mirror_only
 from bench.scratch import scratch_dir
@@ -294,6 +295,8 @@ def log_path_figures(
         },
         "p95_at_2000_tries_by_mode": tries,
         "log_backpressure_rejections": backpressure_rejections(servers["worker"].http_url),
+        # over the whole run (the closed-loop rounds included): where its segments were written
+        "worker_segments_by": segments_by(servers["worker"].http_url),
     }
     out.update(ingest_figures(home / "worker" / "spool", f"chdb://{home / 'ingest-clickhouse'}"))
     print(

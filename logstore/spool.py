@@ -8,7 +8,10 @@ interval (or every `batch_rows` rows) the file is rotated: its rows become one i
 segment in the spool folder (temp name, fsync, rename) named after the file, and only then is
 the file emptied for reuse. A serving worker hands that conversion to a low-priority sibling
 process (`logstore.segmenter`) so it never holds the worker's GIL; the writer's thread waits
-for it, and writes the segment itself only if the segmenter fails. A serving worker never opens chdb (one process per chdb path); whichever
+for it, and writes the segment itself if the segmenter fails, or while it is behind (more than
+SEGMENTER_MAX_BEHIND rotated files waiting: at saturation a niced process on a busy core gets
+too little CPU to keep up, and the rows would otherwise pile up into back-pressure).
+A serving worker never opens chdb (one process per chdb path); whichever
 process owns the log store calls `ingest_spool` before reading. With a ClickHouse server the
 worker inserts each rotated file's rows directly and spools only while the server is
 unreachable, draining the spool once it answers. Formats: `logstore.segments`; names, recovery
@@ -100,6 +103,12 @@ __all__ = [  # the log path's names, importable from here as before the split
 log = logging.getLogger("logstore.spool")
 
 
+# Rotated files waiting behind the one being written above which the writer's own thread writes
+# the segment instead of the segmenter: the segmenter is not keeping up (a starved niced process
+# on a saturated core), and only the worker's fair share of the CPU drains the backlog in time.
+SEGMENTER_MAX_BEHIND = 1
+
+
 @dataclass
 class WriterStats:
     """Running totals of where rows went."""
@@ -110,6 +119,8 @@ class WriterStats:
     insert_failures: int = 0
     spool_failures: int = 0
     wal_failures: int = 0  # rows the write-ahead file could not take (kept in memory)
+    segments_by_segmenter: int = 0  # spool segments the segmenter process wrote
+    segments_by_writer: int = 0  # ... the writer's own thread wrote (no segmenter, or behind)
 
 
 @dataclass
@@ -174,6 +185,7 @@ class RequestLogWriter:
         self.stats = WriterStats()
         self.wal_error: str | None = None  # why rows are in memory only, while they are
         self.pending = 0  # rows written ahead (or kept in memory) and not yet out
+        self._behind = 0  # rotated batches of this flush still waiting behind the one written
 
     @property
     def buffered(self) -> int:
@@ -258,6 +270,7 @@ class RequestLogWriter:
         with self._lock:
             batches, self._sealed = self._sealed, []
         for i, batch in enumerate(batches):
+            self._behind = len(batches) - i - 1
             try:
                 self._write(batch)
             except Exception:
@@ -377,11 +390,14 @@ class RequestLogWriter:
         # deletes the write-ahead file alone.
         self._done(batch)
         self.stats.rows_spooled += batch.count
+        self.stats.segments_by_writer += 1
 
     def _segmented(self, batch: _Batch) -> bool:
         """Whether the segmenter process wrote the batch's segment from its write-ahead file."""
         held = batch.wal
         if self._segmenter is None or held is None:  # rows in memory only: written here
+            return False
+        if self._behind + len(self._sealed) > SEGMENTER_MAX_BEHIND:  # it is not keeping up
             return False
         if not self._segmenter.segment(
             self.spool.dir, self.spool.table, batch.segment_id, held.fd, held.used, batch.count
@@ -390,6 +406,7 @@ class RequestLogWriter:
         self.spool.added(self.spool.dir / f"{batch.segment_id}{SEGMENT_SUFFIX}")
         self._done(batch)
         self.stats.rows_spooled += batch.count
+        self.stats.segments_by_segmenter += 1
         return True
 
     def _done(self, batch: _Batch) -> None:

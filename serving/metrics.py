@@ -57,6 +57,8 @@ class WorkerSnapshot:
     log_pending_limit: int = 0  # over it, predict requests are refused
     log_backpressure_rejections: int = 0
     log_written_rows: dict[str, int] = field(default_factory=dict)  # table -> rows out
+    # (table, "segmenter" | "writer") -> spool segments written there
+    log_segments: dict[tuple[str, str], int] = field(default_factory=dict)
     spool_over_cap_by_table: dict[str, bool] = field(default_factory=dict)  # table -> over it
     shadow: dict[str, int] = field(default_factory=dict)  # mirrored, dropped, errors
 
@@ -234,6 +236,20 @@ def _routing_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
     )
 
 
+def _segment_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
+    """Spool segments written, by the segmenter process or the log writer's own thread."""
+    segments = CounterMetricFamily(
+        "relay_log_segments",
+        "Spool segments written, by table and by whom: the segmenter process, or the log "
+        "writer's own thread (RELAY_SERVING_LOG_SEGMENTER=thread, a failed segmenter, or one "
+        "that fell behind).",
+        labels=["table", "by"],
+    )
+    for (table, by), n in s.log_segments.items():
+        segments.add_metric([table, by], n)
+    yield segments
+
+
 def _log_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
     """The durable log path: rows buffered, written ahead, spooled and written out; backpressure."""
     yield GaugeMetricFamily(
@@ -299,6 +315,7 @@ def _log_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
     for table, n in s.log_written_rows.items():
         written.add_metric([table], n)
     yield written
+    yield from _segment_metrics(s)
     yield GaugeMetricFamily(
         "relay_log_pending_limit",
         "Pending log rows of one table above which predict requests are refused.",

@@ -108,6 +108,14 @@ def worker_snapshot(worker: Worker) -> WorkerSnapshot:
             w.spool.table.name: w.stats.rows_inserted + w.stats.rows_spooled
             for w in worker.log_writers
         },
+        log_segments={
+            (w.spool.table.name, by): n
+            for w in worker.log_writers
+            for by, n in (
+                ("segmenter", w.stats.segments_by_segmenter),
+                ("writer", w.stats.segments_by_writer),
+            )
+        },
         shadow={
             "mirrored": worker.shadow.counts.mirrored,
             "dropped": worker.shadow.counts.dropped,

@@ -8,8 +8,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -175,3 +176,50 @@ def test_the_segmenter_exits_when_its_worker_is_killed(tmp_path: Path) -> None:
     else:
         assert not Path(f"/proc/{pid}").exists(), "the segmenter outlived its worker"
     assert [t.num_rows for t in segments(tmp_path)] == [1]
+
+
+class SlowSegmenter(Segmenter):
+    """A segmenter that, while it works on the first file, sees three more rotated behind it:
+    the request path sealing files faster than a starved segmenter turns them into segments."""
+
+    def __init__(self, behind: Callable[[], None]) -> None:
+        super().__init__()
+        self.behind = behind
+
+    def segment(self, *args: Any) -> bool:
+        if self.behind is not None:
+            fill, self.behind = self.behind, None
+            fill()
+        return super().segment(*args)
+
+
+def test_a_segmenter_that_falls_behind_is_bypassed_until_it_catches_up(tmp_path: Path) -> None:
+    logged = rows(40, "behind")
+    spool = SpoolWriter(tmp_path, 1 << 30, "w")
+    writer: RequestLogWriter
+
+    def seal_three_more() -> None:
+        for row in logged[10:]:
+            writer.append(row)  # batch_rows=10: each tenth row seals a file
+
+    slow = SlowSegmenter(seal_three_more)
+    writer = RequestLogWriter(
+        spool, connect_server=None, flush_s=3600, batch_rows=10, segmenter=slow
+    )
+    try:
+        for row in logged[:10]:
+            writer.append(row)
+        writer.flush()  # the first file to the segmenter; three sealed behind it meanwhile
+        assert writer.pending == 30
+        writer.flush()  # as the writer's thread does at once: it was woken by those seals
+        assert writer.pending == 0
+        # the first file and the last two by the segmenter; the one that found two more waiting
+        # behind it (over SEGMENTER_MAX_BEHIND) by the writer's own thread
+        assert (writer.stats.segments_by_segmenter, writer.stats.segments_by_writer) == (3, 1)
+        assert slow.segmented == 3 and slow.fallbacks == 0
+        found = sorted(r for t in segments(tmp_path) for r in t.column("request_id").to_pylist())
+        assert found == sorted(r[1] for r in logged)  # every row once
+    finally:
+        writer.close()
+        slow.close()
+    assert not list(tmp_path.glob("*.wal"))
