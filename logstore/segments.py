@@ -385,18 +385,16 @@ class SpoolWriter:
         else:
             self.backlog = SpoolBacklog(self.backlog.segments + 1, self.backlog.bytes + size)
         try:
-            if time.monotonic() >= self._next_rescan:
-                self.check_cap()
-            else:
-                self._judge()
+            self.rescan_if_due()
         except OSError as exc:
             log.warning("could not rescan spool %s after writing %s: %s", self.dir, segment, exc)
 
     def rescan_if_due(self) -> SpoolBacklog:
-        """The backlog, rescanned from the folder if the last rescan is old enough."""
+        """The backlog, rescanned from the folder if the last rescan is old enough; judged
+        against the cap either way."""
         if time.monotonic() >= self._next_rescan:
             return self.check_cap()
-        return self.backlog
+        return self._judge()
 
     def scan(self) -> SpoolBacklog:
         """Segments not yet ingested (including ones mid-ingestion) and their bytes."""

@@ -185,7 +185,6 @@ class RequestLogWriter:
         self.stats = WriterStats()
         self.wal_error: str | None = None  # why rows are in memory only, while they are
         self.pending = 0  # rows written ahead (or kept in memory) and not yet out
-        self._behind = 0  # rotated batches of this flush still waiting behind the one written
 
     @property
     def buffered(self) -> int:
@@ -270,9 +269,8 @@ class RequestLogWriter:
         with self._lock:
             batches, self._sealed = self._sealed, []
         for i, batch in enumerate(batches):
-            self._behind = len(batches) - i - 1
             try:
-                self._write(batch)
+                self._write(batch, behind=len(batches) - i - 1)
             except Exception:
                 # Server and disk both refused: keep the rows for the next flush, never drop them.
                 with self._lock:
@@ -359,7 +357,8 @@ class RequestLogWriter:
                 log.exception("request-log flush failed")
         self.flush()
 
-    def _write(self, batch: _Batch) -> None:
+    def _write(self, batch: _Batch, behind: int = 0) -> None:
+        """Write one rotated batch out; `behind`: rotated batches of this flush waiting after it."""
         server = self._server_or_none()
         if server is not None:
             held = batch.wal
@@ -379,7 +378,7 @@ class RequestLogWriter:
                 except Exception as exc:  # the batch is in: never write it again
                     self._mark_down(exc)
                 return
-        if self._segmented(batch):
+        if self._segmented(batch, behind):
             return
         try:
             self.spool.write(batch.stored(self.spool.table), batch.segment_id)
@@ -392,12 +391,12 @@ class RequestLogWriter:
         self.stats.rows_spooled += batch.count
         self.stats.segments_by_writer += 1
 
-    def _segmented(self, batch: _Batch) -> bool:
+    def _segmented(self, batch: _Batch, behind: int) -> bool:
         """Whether the segmenter process wrote the batch's segment from its write-ahead file."""
         held = batch.wal
         if self._segmenter is None or held is None:  # rows in memory only: written here
             return False
-        if self._behind + len(self._sealed) > SEGMENTER_MAX_BEHIND:  # it is not keeping up
+        if behind + len(self._sealed) > SEGMENTER_MAX_BEHIND:  # it is not keeping up
             return False
         if not self._segmenter.segment(
             self.spool.dir, self.spool.table, batch.segment_id, held.fd, held.used, batch.count

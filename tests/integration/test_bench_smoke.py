@@ -181,14 +181,9 @@ def test_bench_store_runs_against_an_s3_server(runs):
 
 def test_bench_serving_measures_every_scenario(runs):
     figures = runs["serving"].finish()
-    for scenario in (
-        "echo",
-        "worker",
-        "worker_binary",
-        "worker_nolog",
-        "worker_requests_only",
-        "worker_segmenter_thread",
-    ):
+    from bench.serving import SCENARIOS
+
+    for scenario in SCENARIOS:
         assert figures[f"{scenario}_rps"] > 0, scenario
     assert figures["raw_rps"] > 0 and figures["slo_sweep"]
     assert {t["name"] for t in figures["targets"]} >= {"worker_rps / echo_rps"}
