@@ -38,7 +38,6 @@ correct, wall_s, ...}], `coverage_90`, `resamples_min`, and the targets.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -415,7 +414,6 @@ def main(argv: list[str] | None = None) -> int:
             "compute_factor": COMPUTE_FACTOR,
             "preprocess_ms_per_batch": PREPROCESS_MS,
         },
-        "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         "wall_s": round(time.time() - started, 1),
     }
     save_results(out, checks, args.out)

@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.saved import stamped, write_whole
 from bench.scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
@@ -254,15 +255,17 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
     """`out` (capacity.json, one row per run), and the `capacity_check` key of gate.json beside it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     # one line per run (each carries its curve): readable, and two thirds of the size indented
-    head = json.dumps(summary, indent=2, allow_nan=False)[:-2]
+    head = json.dumps(stamped(summary), indent=2, allow_nan=False)[:-2]
     body = ",\n".join("    " + json.dumps(row, allow_nan=False) for row in rows)
-    out.write_text(f'{head},\n  "runs": [\n{body}\n  ]\n}}\n')
+    write_whole(out, f'{head},\n  "runs": [\n{body}\n  ]\n}}\n')
     gate_path = out.with_name("gate.json")
     gate = json.loads(gate_path.read_text()) if gate_path.exists() else {}
     gate["capacity_check"] = (
-        {k: summary[k] for k in ("flag_rate_costlier", "flag_rate_twin", "wall_s_max")}
+        {
+            k: summary[k]
+            for k in ("flag_rate_costlier", "flag_rate_twin", "wall_s_max", "measured_at")
+        }
         | {
             k: summary[k]
             for k in (
@@ -281,9 +284,7 @@ def write_results(summary: dict[str, Any], rows: list[dict[str, Any]], out: Path
         }
         | {"source": "written here by python -m bench.capacity"}
     )
-    tmp = gate_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(gate, indent=2) + "\n")
-    tmp.replace(gate_path)  # whole or not at all: the rest of gate.json is never half-written
+    write_whole(gate_path, json.dumps(gate, indent=2) + "\n")  # the rest is never half-written
 
 
 def main() -> None:

@@ -57,13 +57,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.load import CANDIDATES
+from bench.saved import save
 from bench.scratch import scratch_dir
 from relay.settings import Settings
 
@@ -414,13 +414,8 @@ def main() -> None:
             from bench.chaos_release import release_kills
 
             figures |= release_kills(tmp, args.release_kills, args.lease_s, args.release_events)
-    figures |= {
-        "wall_s": round(time.monotonic() - started, 1),
-        "cpu_count": os.cpu_count(),
-        "measured_at": datetime.now(UTC).isoformat(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    figures |= {"wall_s": round(time.monotonic() - started, 1), "cpu_count": os.cpu_count()}
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
 
 

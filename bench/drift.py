@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.saved import save
 from core.drift.analysis import (
     DriftRules,
     Reference,
@@ -223,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "cost_per_window": cost(ref_frame, rules, args.cost_rows),
     }
     figures["targets"] = _targets(figures)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -37,6 +37,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.saved import save
+
 RESULTS = Path(__file__).parent / "results"
 BASE = datetime(2036, 1, 1, tzinfo=UTC)
 SLOT = timedelta(hours=3)
@@ -301,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "'effect detected' is Holm-corrected across click-through, orders and GMV per user; "
         "cuped_variance_reduction is the median over releases of 1 - Var(CUPED)/Var(raw)"
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
     return 0
 

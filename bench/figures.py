@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -334,6 +335,20 @@ def _gpu_check(d: Mapping[str, Any]) -> Iterable[str]:
     yield f"host GPU: {_get(d, 'host.gpu') or 'none'}"
 
 
+def measured(data: Mapping[str, Any], file_name: str) -> str:
+    """When and on what a result file's figures were measured (bench.saved stamps each file)."""
+    at = data.get("measured_at")
+    if not at:
+        return f"when measured: not recorded in {file_name} (saved before benches stamped it)"
+    host = data.get("host") if isinstance(data.get("host"), Mapping) else {}
+    cpus = host.get("cpus") or data.get("cpu_count") or data.get("cpu_cores")
+    load = host.get("loadavg_1m_at_end", data.get("load_avg_1m"))
+    where = f" on {cpus} CPUs" if cpus else ""
+    if load is not None:
+        where += f" (load {float(load):.1f} at the end)"
+    return f"measured {datetime.fromisoformat(at).strftime('%Y-%m-%d %H:%M')} UTC{where}"
+
+
 def render_rows() -> list[tuple[str, list[str]]]:
     """Each benchmark's name and its figure lines, in a fixed order."""
     rows: list[tuple[str, list[str]]] = []
@@ -347,7 +362,7 @@ def render_rows() -> list[tuple[str, list[str]]]:
             lines = list(renderer(data))
         except Missing as missing:
             lines = [f"{NOT_MEASURED} ({missing.args[0]} absent from {path.name})"]
-        rows.append((name, lines or [NOT_MEASURED]))
+        rows.append((name, [*(lines or [NOT_MEASURED]), measured(data, path.name)]))
     return rows
 
 

@@ -47,6 +47,7 @@ from bench.gate_replay import (
     save_loads,
     split_check,
 )
+from bench.saved import save
 from bench.scratch import scratch_dir
 from core.gate.plan import CanaryPlan
 from core.gate.rules import CanaryRules
@@ -388,10 +389,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _save(out: Path, figures: dict[str, Any]) -> None:
     """Whole or not at all: a run cut short never leaves a half-written gate.json."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(figures, indent=2, default=_finite) + "\n")
-    tmp.replace(out)
+    save(out, figures, default=_finite)
 
 
 def _finite(value: object) -> object:

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from bench.saved import save
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -160,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             b: round(latency["ort-fp32"][b]["p50_ms"] / latency["trt-fp16"][b]["p50_ms"], 2)
             for b in latency["trt-fp16"]
         }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
     return 0
 

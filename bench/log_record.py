@@ -24,8 +24,6 @@ the worker's own decoder (`serving.schema.decode_json`) from the simulated shop'
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +36,7 @@ import orjson
 import pyarrow as pa
 
 from bench.load import request_docs
+from bench.saved import save
 from bench.scratch import scratch_dir
 from logstore.log_tables import FEEDBACK, IMPRESSIONS, impression_journal
 from logstore.spool import RequestLogWriter, SpoolWriter
@@ -175,7 +174,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "statistic": "best of repeats",
         },
         "method": "time.thread_time of the engine-thread call and of the writer's flush, per batch",
-        "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
     }
 
 
@@ -188,8 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.batches < 1 or args.repeats < 1:
         parser.error("--batches and --repeats must be at least 1")
     out = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    save(args.out, out)
     print(f"wrote {args.out}")
     return 0
 

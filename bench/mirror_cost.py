@@ -12,7 +12,6 @@ mirrored and dropped. Part of `python -m bench.serving` (its full run), or alone
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ import httpx
 
 from bench.baselines import resolve_version
 from bench.load import http_load, http_requests, request_docs, run_async
+from bench.saved import save, update_key
 from serving.process import WorkerProcess, start_worker
 
 TOKEN = "bench-mirror-cost"
@@ -104,29 +104,14 @@ def run_mirror_only(args: argparse.Namespace, server_cpu: int, load_cpu: int, ou
         "target": f"<= {TARGET}",
         "met": cost is not None and cost <= TARGET,
     }
-    figures["host"] = {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
     figures["wall_s"] = round(time.time() - started, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    copy_into_gate(cost, out.with_name("gate.json"))
+    save(out, figures)
+    # gate.json's copy, kept current: a gate run copies it from serving_mirror.json too
+    # (bench.gate.measured_elsewhere); without this, a mirror-only run left gate.json's row
+    # showing the figure it replaced.
+    update_key(out.with_name("gate.json"), "mirror_p95_cost", cost)
     print(
         f"{'MET ' if figures['target']['met'] else 'MISSED'} mirror_p95_cost: {cost} (target <= {TARGET})"
     )
     print(f"wrote {out}")
     return 0
-
-
-def copy_into_gate(cost: float | None, gate_path: Path) -> None:
-    """gate.json's copy of `mirror_p95_cost`, kept current (read-modify-write, whole or not at all).
-
-    A gate run copies it from serving_mirror.json too (bench.gate.measured_elsewhere); without
-    this, a mirror-only run left gate.json's row showing the figure it replaced. No gate.json
-    beside `out` (a smoke run's scratch folder): nothing to keep current.
-    """
-    if not gate_path.exists():
-        return
-    gate = json.loads(gate_path.read_text())
-    gate["mirror_p95_cost"] = cost
-    tmp = gate_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(gate, indent=2) + "\n")
-    tmp.replace(gate_path)

@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from uuid import UUID
 
+from bench.saved import save
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -163,13 +165,11 @@ def main() -> None:
             **hash_figures(tmp, args.hash_mb),
             "openssl_sha256_gb_s": round(openssl_sha256_gb_s(), 3),
             "cpu_count": os.cpu_count(),
-            "measured_at": datetime.now(UTC).isoformat(),
         }
         figures["hash_vs_openssl"] = round(figures["hash_gb_s"] / figures["openssl_sha256_gb_s"], 3)
         logstore.close_all()
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.saved import save
 from bench.scratch import scratch_dir
 
 RESULTS = Path(__file__).parent / "results"
@@ -307,10 +308,8 @@ def main() -> None:
         "traffic_rps": args.rps,
         "engine_threads_per_worker": 1,
         "cpu_count": os.cpu_count(),
-        "measured_at": datetime.now(UTC).isoformat(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(json.dumps(figures, indent=2))
 
 

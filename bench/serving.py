@@ -75,6 +75,7 @@ from bench.log_figures import (
     segments_by,
 )
 from bench.mirror_cost import mirror_cost_figures, mirror_worker, run_mirror_only
+from bench.saved import save
 from bench.scratch import scratch_dir
 from serving.process import WorkerProcess
 
@@ -513,7 +514,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_cpu": SERVER_CPU,
             "load_cpu": LOAD_CPU,
         },
-        "host": {"cpus": os.cpu_count(), "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         "wall_s": round(time.time() - started, 1),
     }
     save_results(out, checks, args.out)
@@ -522,8 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def save_results(out: dict[str, Any], checks: list[Target], path: Path) -> None:
     """Write a benchmark's JSON to `path` and print each target, met or missed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    save(path, out)
     for t in checks:
         print(f"{'MET ' if t.met else 'MISSED'} {t.name}: {t.measured} (target {t.target})")
     print(f"wrote {path}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import multiprocessing
 import os
@@ -43,6 +42,7 @@ from typing import Any
 from minio import Minio
 from pydantic import SecretStr
 
+from bench.saved import save
 from model_store import ModelStore, open_store
 from model_store.hashing import sha256_file
 from model_store.store import blob_key, lease_key
@@ -367,8 +367,7 @@ def main() -> None:
         figures = run(args.size_mb, args.rounds, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    save(args.out, figures)
     print(f"wrote {args.out}")
 
 

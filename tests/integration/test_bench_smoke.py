@@ -38,6 +38,8 @@ COVERED_ELSEWHERE = {
     "gate_replay": "bench.gate's offline replay, run by tests/integration/test_bench_gate.py",
     "mirror_cost": "bench.serving's mirror_p95_cost (shadow off and on), run by the serving smoke",
     "scratch": "the scratch directory of the benches below; every smoke run of those uses it",
+    "saved": "how every bench writes its JSON; each smoke run below saves through it, and "
+    "tests/unit/test_bench_figures.py reads what it stamps",
     "chaos_release": "bench.chaos's release kills on the deployed stack (--release-kills); too slow "
     "for the smoke, which runs the worker and ingester kills",
 }
@@ -80,7 +82,10 @@ class BenchRun:
             pytest.fail(f"still running after {TIMEOUT_S} s:\n{self.tail()}")
         assert code == 0, f"exit code {code}:\n{self.tail()}"
         assert self.out.is_file(), f"no JSON at {self.out}:\n{self.tail()}"
-        return json.loads(self.out.read_text())
+        figures = json.loads(self.out.read_text())
+        # stamped by bench.saved: the docs' table says when and on what each row was measured
+        assert figures["measured_at"] and figures["host"]["cpus"] == os.cpu_count()
+        return figures
 
     def tail(self) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])

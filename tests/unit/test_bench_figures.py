@@ -26,8 +26,35 @@ def test_a_missing_field_reads_not_measured_rather_than_a_number(tmp_path, monke
     (tmp_path / "impact.json").write_text(json.dumps({"rows": 10}))
     monkeypatch.setattr(figures, "RESULTS", tmp_path)
     rows = dict(figures.render_rows())
-    assert rows["impact"] == ["not measured (query_s absent from impact.json)"]
+    assert rows["impact"] == [
+        "not measured (query_s absent from impact.json)",
+        "when measured: not recorded in impact.json (saved before benches stamped it)",
+    ]
     assert rows["chaos"] == ["not measured"]
+
+
+def test_each_row_says_when_and_on_what_its_figures_were_measured(tmp_path, monkeypatch):
+    from bench.saved import save
+
+    save(tmp_path / "impact.json", {"rows": 10, "host": {"cpus": 2, "loadavg_1m_at_end": 1.26}})
+    saved = json.loads((tmp_path / "impact.json").read_text())
+    assert saved["host"] == {"cpus": 2, "loadavg_1m_at_end": 1.26}  # what the bench set is kept
+    saved["measured_at"] = "2026-12-06T19:04:31+00:00"
+    (tmp_path / "impact.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    rows = dict(figures.render_rows())
+    assert rows["impact"][-1] == "measured 2026-12-06 19:04 UTC on 2 CPUs (load 1.3 at the end)"
+
+
+def test_a_save_that_fails_leaves_the_last_result_whole(tmp_path):
+    from bench.saved import save
+
+    out = tmp_path / "store.json"
+    save(out, {"store_get_mb_s": 824.7})
+    with pytest.raises(TypeError):
+        save(out, {"store_get_mb_s": object()})  # not JSON: fails before anything is renamed
+    assert json.loads(out.read_text())["store_get_mb_s"] == 824.7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store.json"]
 
 
 @pytest.mark.parametrize("name", sorted(figures.RENDERERS))
@@ -86,11 +113,11 @@ def test_the_mirror_cost_reads_as_the_rise_it_is_not_as_the_ratio():
 
 
 def test_a_mirror_only_run_keeps_the_gate_rows_copy_of_its_figure_current(tmp_path: Path):
-    from bench.mirror_cost import copy_into_gate
+    from bench.saved import update_key
 
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"cases": [1], "mirror_p95_cost": 1.5329}))
-    copy_into_gate(0.3229, gate)
+    update_key(gate, "mirror_p95_cost", 0.3229)
     assert json.loads(gate.read_text()) == {"cases": [1], "mirror_p95_cost": 0.3229}
-    copy_into_gate(0.1, tmp_path / "absent" / "gate.json")  # no gate.json: nothing written
+    update_key(tmp_path / "absent" / "gate.json", "mirror_p95_cost", 0.1)  # none: nothing written
     assert not (tmp_path / "absent").exists()
