@@ -88,6 +88,7 @@ def recover_wals(spool_dir: Path, table: LogTable = INFERENCE_LOGS) -> WalRecove
     for path in sorted(spool_dir.iterdir()):
         segment_id = wal_id(path.name)
         if segment_id is None:
+            _remove_if_abandoned(path)
             continue
         fd = wal.claim(path)
         if fd is None:
@@ -117,6 +118,28 @@ def recover_wals(spool_dir: Path, table: LogTable = INFERENCE_LOGS) -> WalRecove
             torn,
         )
     return WalRecovery(files, rows, torn)
+
+
+def _remove_if_abandoned(path: Path) -> None:
+    """Delete a write-ahead file a worker died creating (`.tmp-<id>.wal`): it never held a row.
+
+    `WalFile.create` locks the file before it reserves its pages, and rows are appended only
+    after the rename to its real name. So a temporary file with pages reserved whose lock is
+    free was left by a worker killed mid-create, and would otherwise stay forever. An empty one
+    may be a live worker's, opened and not yet locked: it is left alone.
+    """
+    name = path.name
+    if not name.startswith(wal.CREATING_PREFIX) or wal_id(name[len(wal.CREATING_PREFIX) :]) is None:
+        return
+    fd = wal.claim(path)
+    if fd is None:
+        return  # its creator is alive (or it was removed meanwhile)
+    try:
+        if os.fstat(fd).st_size:
+            path.unlink(missing_ok=True)
+            log.info("removed %s, a write-ahead file its worker died creating (no rows)", path)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

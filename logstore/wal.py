@@ -34,6 +34,7 @@ from pathlib import Path
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 MAX_PAYLOAD = 16 << 20  # a length above this is garbage, not a row
 CAPACITY = 8 << 20  # bytes reserved per file: ~40,000 rows, more than a rotation holds
+CREATING_PREFIX = ".tmp-"  # a file's name while `WalFile.create` locks and reserves it
 
 
 def parse(data: bytes) -> tuple[list[bytes], int]:
@@ -73,7 +74,7 @@ class WalFile:
         It is created and locked under a hidden temporary name and only then renamed, so no
         recoverer ever sees it unlocked.
         """
-        tmp = directory / f".tmp-{name}"
+        tmp = directory / f"{CREATING_PREFIX}{name}"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         pages = None
         try:

@@ -200,14 +200,18 @@ def test_a_worker_killed_under_load_has_a_row_for_every_answered_request(
     )
     twice = [rid for rid, r in rows.items() if len(r) != 1]
     assert not twice, f"{len(twice)} rows logged twice: {twice[:5]}"
-    recovered = [
-        int(m)
-        for log in logs
-        for m in re.findall(r"write-ahead file\(s\) of stopped workers in \S+: (\d+) rows", log)
+    # Each restart recovers rows that lived only in the killed worker's write-ahead files. Counted
+    # over both tables: right after the request log rotates and its INSERT finishes, and before
+    # the next answer, its fresh file is empty while the impressions' file still holds rows. Seen
+    # in 2 of 35 runs under CPU hogs (0 request rows with 1,405 and 2,140 impression rows
+    # recovered, and no row lost); per table, that legitimate moment failed this test.
+    lines = re.compile(r"write-ahead file\(s\) of stopped workers in ([^:]+): (\d+) rows")
+    restarts = [found for log in logs if (found := lines.findall(log))]
+    recovered = [sum(int(n) for _, n in found) for found in restarts]
+    request_log = [
+        [where for where, _ in found].count(str(tmp_path / "spool")) for found in restarts
     ]
-    # rows that lived only there; the message carries what a failure needs (it failed once, in
-    # stop 32, and its cause was lost with the machine)
-    assert len(recovered) == 2 and all(n > 0 for n in recovered), (
+    assert request_log == [1, 1] and all(n > 0 for n in recovered), (
         f"recovered rows per restart {recovered}; the workers' recovery lines: "
         f"{[line for log in logs for line in log.splitlines() if 'write-ahead' in line]}"
     )

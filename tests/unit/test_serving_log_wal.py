@@ -123,6 +123,29 @@ def test_a_dead_writers_file_becomes_one_segment_and_its_rows_are_ingested_once(
     assert count(clickhouse, tag) == 6 and count(clickhouse, tag + "-never-answered") == 0
 
 
+def test_a_file_its_worker_died_creating_is_removed_and_a_live_ones_is_left(tmp_path: Path) -> None:
+    # killed between WalFile.create's lock and its rename: pages reserved, lock free, no rows
+    abandoned = tmp_path / f"{wal.CREATING_PREFIX}w9-1-000002.wal"
+    abandoned.write_bytes(bytes(4096))
+    # a live worker's, still being created: locked (flock conflicts across descriptors)
+    creating = tmp_path / f"{wal.CREATING_PREFIX}w1-1-000003.wal"
+    creating.write_bytes(bytes(4096))
+    held = os.open(creating, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    # opened by a live worker and not yet locked: empty, so left alone
+    just_opened = tmp_path / f"{wal.CREATING_PREFIX}w1-1-000004.wal"
+    just_opened.touch()
+    segment_tmp = tmp_path / ".tmp-w1-1-000001.arrow"  # a segment being written: not ours
+    segment_tmp.write_bytes(b"x")
+    try:
+        report = recover_wals(tmp_path)
+        assert (report.files, report.rows) == (0, 0)
+        assert not abandoned.exists()
+        assert creating.exists() and just_opened.exists() and segment_tmp.exists()
+    finally:
+        os.close(held)
+
+
 def test_a_live_writers_file_is_left_alone_and_its_segment_waits_for_it(
     tmp_path: Path, clickhouse: Any
 ) -> None:
