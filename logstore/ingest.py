@@ -121,15 +121,22 @@ def recover_wals(spool_dir: Path, table: LogTable = INFERENCE_LOGS) -> WalRecove
 
 
 def _remove_if_abandoned(path: Path) -> None:
-    """Delete a write-ahead file a worker died creating (`.tmp-<id>.wal`): it never held a row.
+    """Delete a temporary file a writer died filling: `.tmp-<id>.wal` or `.tmp-<segment>`.
 
-    `WalFile.create` locks the file before it reserves its pages, and rows are appended only
-    after the rename to its real name. So a temporary file with pages reserved whose lock is
-    free was left by a worker killed mid-create, and would otherwise stay forever. An empty one
-    may be a live worker's, opened and not yet locked: it is left alone.
+    `WalFile.create` locks a write-ahead file before it reserves its pages, and rows are
+    appended only after the rename to its real name; `write_segment` locks a segment before its
+    first byte and renames it before it unlocks, and the segment's rows stay in their
+    write-ahead file until it is renamed. So a non-empty temporary file whose lock is free was
+    left by a writer killed mid-way, holds no row that is not elsewhere, and would otherwise
+    stay forever. An empty one may be a live writer's, opened and not yet locked: it is left.
     """
     name = path.name
-    if not name.startswith(wal.CREATING_PREFIX) or wal_id(name[len(wal.CREATING_PREFIX) :]) is None:
+    if not name.startswith(wal.CREATING_PREFIX):
+        return
+    inner = name[len(wal.CREATING_PREFIX) :]
+    if wal_id(inner) is None and not inner.removesuffix(INGESTING_SUFFIX).endswith(
+        SEGMENT_SUFFIXES
+    ):
         return
     fd = wal.claim(path)
     if fd is None:
@@ -137,7 +144,7 @@ def _remove_if_abandoned(path: Path) -> None:
     try:
         if os.fstat(fd).st_size:
             path.unlink(missing_ok=True)
-            log.info("removed %s, a write-ahead file its worker died creating (no rows)", path)
+            log.info("removed %s, a temporary file its writer died filling (no rows)", path)
     finally:
         os.close(fd)
 

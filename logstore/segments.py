@@ -18,6 +18,7 @@ Segments that older workers wrote as Parquet are still read and ingested.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
@@ -45,6 +46,7 @@ SEGMENT_SUFFIXES = (SEGMENT_SUFFIX, LEGACY_SEGMENT_SUFFIX)
 INGESTING_SUFFIX = ".ingesting"
 WAL_SUFFIX = ".wal"
 INSERTING_SUFFIX = ".inserting"  # after WAL_SUFFIX: its rows were handed to a server INSERT
+TMP_PREFIX = wal.CREATING_PREFIX  # a segment's name while it is written
 _IPC_MARKER = b"\xff\xff\xff\xff"  # an Arrow IPC stream's first message starts with it
 _WRITE_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
 # Given explicitly: without options pyarrow reads two environment variables per writer, a
@@ -285,17 +287,23 @@ def write_segment(
     rows: Sequence[Sequence[Any]] | pa.Table,
     table: LogTable = INFERENCE_LOGS,
 ) -> Path:
-    """`rows` (or a table) as the Arrow IPC file `directory/name`: whole or not at all."""
+    """`rows` (or a table) as the Arrow IPC file `directory/name`: whole or not at all.
+
+    It is written as `.tmp-<name>`, locked from before its first byte until after its rename,
+    so a non-empty temporary file nobody locks was left by a writer that died mid-write (its
+    rows are still in their write-ahead file) and recovery deletes it (`logstore.ingest`).
+    """
     found = rows if isinstance(rows, pa.Table) else rows_to_table(rows, table)
     final = directory / name
-    tmp = directory / f".tmp-{name}"
+    tmp = directory / f"{TMP_PREFIX}{name}"
     try:
         with open(tmp, "wb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             with ipc.new_file(f, found.schema, options=_WRITE_OPTIONS) as writer:
                 writer.write_table(found)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, final)
+            os.replace(tmp, final)  # still locked: the lock is dropped when the file closes
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(directory)

@@ -135,8 +135,10 @@ def test_a_file_its_worker_died_creating_is_removed_and_a_live_ones_is_left(tmp_
     # opened by a live worker and not yet locked: empty, so left alone
     just_opened = tmp_path / f"{wal.CREATING_PREFIX}w1-1-000004.wal"
     just_opened.touch()
-    segment_tmp = tmp_path / ".tmp-w1-1-000001.arrow"  # a segment being written: not ours
+    segment_tmp = tmp_path / ".tmp-w1-1-000001.arrow"  # a live writer's segment: locked
     segment_tmp.write_bytes(b"x")
+    writing = os.open(segment_tmp, os.O_RDWR)
+    fcntl.flock(writing, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         report = recover_wals(tmp_path)
         assert (report.files, report.rows) == (0, 0)
@@ -144,6 +146,61 @@ def test_a_file_its_worker_died_creating_is_removed_and_a_live_ones_is_left(tmp_
         assert creating.exists() and just_opened.exists() and segment_tmp.exists()
     finally:
         os.close(held)
+        os.close(writing)
+
+
+def test_a_segment_its_writer_died_writing_is_removed_and_its_rows_come_from_the_wal(
+    tmp_path: Path, clickhouse: Any
+) -> None:
+    """The writer's INSERT failed (its write-ahead file is `.inserting`), it fell back to a
+    segment, and a SIGKILL came inside write_segment, after its bytes and before its rename. The
+    temporary file is left unlocked; recovery deletes it and the rows, still in the write-ahead
+    file, are ingested once. (Recovery's own segment of that file is `.arrow.ingesting`, another
+    name, so before the lock the killed writer's file stayed in the spool forever.)"""
+    tag = uuid.uuid4().hex[:12]
+    logged = rows(5, tag)
+    dead_wal(tmp_path, f"w6-1-000001.wal{INSERTING_SUFFIX}", [encode_row(r) for r in logged])
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from logstore.segments import write_segment
+        from tests.unit.test_serving_spool import rows
+        os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # killed before the rename
+        write_segment(Path({str(tmp_path)!r}), "w6-1-000001.arrow", rows(5, {tag!r}))
+        """
+    )
+    child = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    left = tmp_path / ".tmp-w6-1-000001.arrow"
+    assert left.stat().st_size > 0  # the killed writer's bytes, and nobody holds its lock
+    assert recover_wals(tmp_path).rows == 5
+    assert not left.exists()
+    ingest_spool(clickhouse, tmp_path)
+    assert count(clickhouse, tag) == 5
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_segment_is_locked_until_it_has_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While write_segment renames, a recoverer cannot claim the temporary file."""
+    import logstore.segments as segments
+
+    real_replace = os.replace
+    claimable: list[bool] = []
+
+    def replace(src: Any, dst: Any) -> None:
+        fd = wal.claim(Path(src))
+        claimable.append(fd is not None)
+        if fd is not None:
+            os.close(fd)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(segments.os, "replace", replace)
+    write_segment(tmp_path, "w7-1-000001.arrow", rows(2, "locked"))
+    assert claimable == [False]
+    assert [p.name for p in tmp_path.iterdir()] == ["w7-1-000001.arrow"]
 
 
 def test_a_live_writers_file_is_left_alone_and_its_segment_waits_for_it(
