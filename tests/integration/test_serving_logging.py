@@ -217,6 +217,10 @@ def test_a_worker_killed_under_load_has_a_row_for_every_answered_request(
     )
     left = sorted(p.name for p in (tmp_path / "spool").glob("*.wal*"))
     assert not left, f"write-ahead files left after the reader's recovery: {left}"
+    # nor a killed writer's half-written file (an empty one, opened just before a kill and never
+    # locked, cannot be told from a live writer's and is left: docs/serving.md)
+    debris = sorted(p.name for p in (tmp_path / "spool").rglob(".tmp-*") if p.stat().st_size > 0)
+    assert not debris, f"temporary files left after the reader's recovery: {debris}"
 
 
 def test_a_spool_folder_that_cannot_be_written_takes_the_worker_out_and_keeps_its_rows(
