@@ -134,9 +134,7 @@ def _remove_if_abandoned(path: Path) -> None:
     if not name.startswith(wal.CREATING_PREFIX):
         return
     inner = name[len(wal.CREATING_PREFIX) :]
-    if wal_id(inner) is None and not inner.removesuffix(INGESTING_SUFFIX).endswith(
-        SEGMENT_SUFFIXES
-    ):
+    if wal_id(inner) is None and not is_segment(inner.removesuffix(INGESTING_SUFFIX)):
         return
     fd = wal.claim(path)
     if fd is None:

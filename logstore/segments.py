@@ -46,7 +46,6 @@ SEGMENT_SUFFIXES = (SEGMENT_SUFFIX, LEGACY_SEGMENT_SUFFIX)
 INGESTING_SUFFIX = ".ingesting"
 WAL_SUFFIX = ".wal"
 INSERTING_SUFFIX = ".inserting"  # after WAL_SUFFIX: its rows were handed to a server INSERT
-TMP_PREFIX = wal.CREATING_PREFIX  # a segment's name while it is written
 _IPC_MARKER = b"\xff\xff\xff\xff"  # an Arrow IPC stream's first message starts with it
 _WRITE_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
 # Given explicitly: without options pyarrow reads two environment variables per writer, a
@@ -295,7 +294,7 @@ def write_segment(
     """
     found = rows if isinstance(rows, pa.Table) else rows_to_table(rows, table)
     final = directory / name
-    tmp = directory / f"{TMP_PREFIX}{name}"
+    tmp = directory / f"{wal.CREATING_PREFIX}{name}"
     try:
         with open(tmp, "wb") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)

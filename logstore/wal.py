@@ -34,7 +34,8 @@ from pathlib import Path
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
 MAX_PAYLOAD = 16 << 20  # a length above this is garbage, not a row
 CAPACITY = 8 << 20  # bytes reserved per file: ~40,000 rows, more than a rotation holds
-CREATING_PREFIX = ".tmp-"  # a file's name while `WalFile.create` locks and reserves it
+# a file's name while `WalFile.create` locks and reserves it, or `write_segment` writes it
+CREATING_PREFIX = ".tmp-"
 
 
 def parse(data: bytes) -> tuple[list[bytes], int]:
