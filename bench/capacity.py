@@ -49,11 +49,12 @@ from bench.scratch import scratch_dir
 RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-capacity-token"
 COSTLIER_FACTOR = 1.3  # the costlier canary's CPU per request, as a multiple of the champion's
-# The round that measures the champion's CPU per request offers more than the worker can answer
-# (the ladder stops at CapacityRules.max_rate_rps, 4,000): flat out, batches are full and the
-# cost per request is the one that sets its capacity. At a paced 1,000 req/s this host measured
-# 0.98 ms (fixed per-batch and idle costs spread over few requests), flat out 0.36 ms.
-COST_PROBE_RPS = 6000.0
+# The round that measures the champion's CPU per request offers more than the worker can answer:
+# flat out, batches are full and the cost per request is the one that sets its capacity. At a
+# paced 1,000 req/s this host measured 0.98 ms (fixed per-batch and idle costs spread over few
+# requests), flat out 0.36 ms. 6,000 req/s was once above capacity here; on 2026-12-07 the
+# worker answered all of it, so the probe offers twice that.
+COST_PROBE_RPS = 12000.0
 COST_PROBE_S = 4.0
 PROBE_BODIES = 500  # distinct request bodies the probe cycles through
 SLO_P95_MS = 300.0  # CanaryRules().max_p95_ms, read below so the two cannot drift apart

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.proportions import wilson
 from bench.saved import save
 from core.drift.analysis import (
     DriftRules,
@@ -63,16 +63,6 @@ SIZES = {  # the planted magnitudes: small is within a season's noise, large is 
 }
 DETECTORS = ("distance_score", "per_feature", "combined")
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> list[float]:
-    """The Wilson score 95 % interval of a proportion k/n."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [round(max(0.0, centre - half), 5), round(min(1.0, centre + half), 5)]
 
 
 def rate(hits: list[bool]) -> dict[str, Any]:

@@ -271,7 +271,11 @@ def _attribution(d: Mapping[str, Any]) -> Iterable[str]:
     for c in cases:
         named = ", ".join(c["top_causes"]) or "none"
         yield f"{c['name']}: {c['status']}, named {named} ({'right' if c['correct'] else 'wrong'}, {_num(c['wall_s'])} s)"
-    yield f"90 % interval coverage {_pct(_get(d, 'coverage_90'))}; resamples {_num(_get(d, 'resamples_min'))}"
+    coverage = f"90 % interval coverage {_pct(_get(d, 'coverage_90'))}"
+    span, runs = d.get("coverage_90_interval"), d.get("calibration", {}).get("runs")
+    if span and runs:  # older result files carry neither
+        coverage += f" of {_num(runs)} plantings (Wilson 95 % {_pct(span[0])}-{_pct(span[1])})"
+    yield f"{coverage}; resamples {_num(_get(d, 'resamples_min'))}"
 
 
 @renders("experiment")

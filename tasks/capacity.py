@@ -29,10 +29,10 @@ from core.gate.capacity import (
     CHAMPION,
     CapacityRules,
     Round,
-    bracket,
     curve,
     judge_capacity,
     ladder_done,
+    refined_plan,
     round_order,
 )
 from logstore.release_events import EventKind
@@ -109,7 +109,8 @@ async def _ladder(
     rules: CapacityRules,
     started: float,
 ) -> list[Round]:
-    """The bracketing ladder, then the refined rates inside the bracket, within the wall budget."""
+    """The bracketing ladder, then the refined rates inside each version's bracket, within the
+    wall budget."""
     rounds: list[Round] = []
 
     async def pairs(rate: float, count: int, seconds: float) -> bool:
@@ -130,8 +131,7 @@ async def _ladder(
             return rounds
         if ladder_done(rounds, rate, slo_ms, rules):
             break
-    found = bracket(rounds, slo_ms, rules)
-    for rate in rules.refined_rates(*found) if found else []:
+    for rate in refined_plan(rounds, slo_ms, rules):
         if not await pairs(rate, rules.pairs_per_rate, rules.round_s):
             break
     return rounds

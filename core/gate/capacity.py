@@ -5,15 +5,22 @@ and candidate alternating in short rounds (tasks/capacity.py), so drift in the h
 on both alike. This module turns those rounds into a verdict and says nothing about I/O.
 
 Method. A bracketing ladder (the fleet's peak, doubling, one champion/candidate pair per rate)
-stops once both versions miss the SLO; then `refine_rates` rates inside the bracket (from the
-highest rate both held to the first either missed) get `pairs_per_rate` pairs each. Per version and offered rate, the rounds' latencies are pooled and their P95 taken
-(exact empirical quantile over every request scheduled in the rounds, answered late or not: an
-unanswered one counts as over the SLO). A rate "holds the SLO" when that P95 is within it and the
-error share within the limit. The throughput at the SLO is the highest offered rate that holds,
-linearly interpolated in P95 between it and the first rate that does not (the rate where the
-curve crosses the SLO); when every rate holds it is censored at the highest rate tried (">="),
-and when none does it is below the lowest. The candidate fails when its throughput at the SLO
-is more than `tolerance_pct` below the champion's.
+stops once both versions miss the SLO. Each version's own bracket is then the last ladder rate
+it held and the first it missed; `refine_rates` rates inside *each* version's bracket (both
+versions' crossings, not only the first one's) get `pairs_per_rate` pairs each, both versions at
+every refined rate. Per version and offered rate, the rounds' latencies are pooled and their P95
+taken (exact empirical quantile over every request scheduled in the rounds, answered late or
+not: an unanswered one counts as over the SLO). Near saturation short rounds give a P95 curve
+that is not monotone in the offered rate (one run measured 360 ms at 2,240 req/s and 161 ms at
+2,560), although a queue's P95 cannot fall as its load rises; the crossing is read from the
+curve's monotone (isotonic) fit instead: the pool-adjacent-violators fit of P95 on the offered
+rate, each rate weighted by its requests (Barlow et al. 1972), so one short round below its
+neighbours no longer decides where the curve crosses. A rate "holds the SLO" when that fitted
+P95 is within it and the error share within the limit. The throughput at the SLO is the highest
+offered rate that holds, linearly interpolated in the fitted P95 between it and the first rate
+that does not (the rate where the curve crosses the SLO); when every rate holds it is censored at
+the highest rate tried (">="), and when none does it is below the lowest. The candidate fails
+when its throughput at the SLO is more than `tolerance_pct` below the champion's.
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from relay.types import GateResult, Verdict
 CHAMPION = "champion"
 CANDIDATE = "candidate"
 METHOD = (
-    "paired alternating load-test rounds; pooled empirical P95 per version and offered rate; "
-    "throughput at the SLO = highest offered rate holding it, linearly interpolated in P95 "
-    "to the SLO crossing"
+    "paired alternating load-test rounds, refined around each version's own SLO crossing; "
+    "pooled empirical P95 per version and offered rate, fitted monotone in the rate "
+    "(isotonic, weighted by requests); throughput at the SLO = highest offered rate holding it, "
+    "linearly interpolated in the fitted P95 to the SLO crossing"
 )
 
 
@@ -52,8 +60,12 @@ class CapacityRules:
         10.0  # candidate's throughput at the SLO more than 10 % below the champion's -> failed
     )
     rate_growth: Annotated[float, Field(gt=1, le=10)] = 2.0  # the bracketing ladder: peak x 2^k
-    refine_rates: Annotated[int, Field(ge=0, le=10)] = 3  # then this many rates inside the bracket
-    max_rate_rps: Annotated[float, Field(gt=0)] = 4000.0  # no offered rate above this
+    # then this many rates inside each version's bracket (its last held, first missed rate)
+    refine_rates: Annotated[int, Field(ge=0, le=10)] = 3
+    # No offered rate above this. It must lie above the champion's crossing, or the champion's
+    # throughput is only a lower bound: on 2026-12-07 a worker here answered 6,000 req/s flat
+    # out and an earlier cap of 4,000 left both versions holding the SLO at every rate.
+    max_rate_rps: Annotated[float, Field(gt=0)] = 16000.0
     # one round: one version at one rate; every round the same length, so the curves compare
     round_s: Annotated[float, Field(gt=0, le=30)] = 0.75
     pairs_per_rate: Annotated[int, Field(ge=1, le=10)] = 2  # champion/candidate pairs per rate
@@ -135,12 +147,29 @@ def curve(rounds: Sequence[Round], version: str) -> list[CurvePoint]:
     return out
 
 
+def monotone(points: Sequence[CurvePoint]) -> list[CurvePoint]:
+    """`points` (ascending rate) with P95 replaced by its isotonic fit, non-decreasing in the rate:
+    pool adjacent violators, each rate weighted by its requests (module docstring)."""
+    blocks: list[list[float]] = []  # [pooled P95, weight, how many points]
+    for p in points:
+        blocks.append([p.p95_ms, float(max(p.requests, 1)), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (y1, w1, k1), (y2, w2, k2) = blocks[-2], blocks.pop()
+            # an unanswered request's inf P95 pools to inf: never fitted below the SLO
+            pooled = math.inf if math.isinf(y1) else (y1 * w1 + y2 * w2) / (w1 + w2)
+            blocks[-1] = [pooled, w1 + w2, k1 + k2]
+    fitted = [y for y, _, k in blocks for _ in range(int(k))]
+    return [dataclasses.replace(p, p95_ms=y) for p, y in zip(points, fitted, strict=True)]
+
+
 def throughput_at_slo(
     points: Sequence[CurvePoint], slo_ms: float, max_error_rate: float
 ) -> Throughput:
-    """The highest offered rate holding the SLO, interpolated to the crossing (module docstring)."""
+    """The highest offered rate holding the SLO on the monotone fit of `points`, interpolated to
+    the crossing (module docstring)."""
     if not points:
         return Throughput(0.0, "below")
+    points = monotone(points)
     held = [p.holds(slo_ms, max_error_rate) for p in points]
     if not held[0]:
         return Throughput(points[0].offered_rps, "below")
@@ -163,17 +192,29 @@ def ladder_done(
     return len(points) == 2 and not any(p.holds(slo_p95_ms, rules.max_error_rate) for p in points)
 
 
-def bracket(
+def brackets(
     rounds: Sequence[Round], slo_p95_ms: float, rules: CapacityRules
-) -> tuple[float, float] | None:
-    """(highest rate both versions held, lowest rate either missed) of the ladder so far, if any."""
-    rates = sorted({r.offered_rps for r in rounds})
-    for low, high in zip(rates, rates[1:], strict=False):
-        at = [r for r in rounds if r.offered_rps == high]
-        points = [p for v in (CHAMPION, CANDIDATE) for p in curve(at, v)]
-        if not all(p.holds(slo_p95_ms, rules.max_error_rate) for p in points):
-            return low, high
-    return None
+) -> dict[str, tuple[float, float]]:
+    """Per version: (the last rate it held before its first miss, that first missed rate), read
+    from the rounds so far (the ladder's). A version that missed at its lowest rate, or never
+    missed, has no bracket: there is no crossing inside the ladder to refine."""
+    out = {}
+    for version in (CHAMPION, CANDIDATE):
+        points = curve(rounds, version)
+        for low, high in zip(points, points[1:], strict=False):
+            if not low.holds(slo_p95_ms, rules.max_error_rate):
+                break  # missed at its lowest rate
+            if not high.holds(slo_p95_ms, rules.max_error_rate):
+                out[version] = (low.offered_rps, high.offered_rps)
+                break
+    return out
+
+
+def refined_plan(rounds: Sequence[Round], slo_p95_ms: float, rules: CapacityRules) -> list[float]:
+    """The refined rates, ascending: `refine_rates` inside each version's bracket, both versions'
+    (each refined rate is run for both versions, in pairs)."""
+    found = brackets(rounds, slo_p95_ms, rules).values()
+    return sorted({rate for held, missed in found for rate in rules.refined_rates(held, missed)})
 
 
 def round_order(pair: int) -> tuple[str, str]:
@@ -246,6 +287,16 @@ def judge_capacity(
             **measured,
         )
     floor = t_champ.rps * (1 - rules.tolerance_pct / 100)
+    if t_champ.censored == "above" and t_cand.censored != "above" and t_cand.rps >= floor:
+        # the champion's figure is a lower bound: the candidate's shortfall is at least
+        # 1 - cand / champ, and may be beyond the tolerance
+        return verdict(
+            Verdict.inconclusive,
+            f"the champion held the SLO at every rate tried, up to {t_champ.rps:.0f} req/s "
+            f"(max_rate_rps), and the candidate crossed it within {rules.tolerance_pct:g} % "
+            f"of that: its shortfall cannot be told; raise max_rate_rps: {figures}",
+            **measured,
+        )
     if t_cand.censored == "above" or t_cand.rps >= floor:
         return verdict(
             Verdict.passed,

@@ -11,11 +11,14 @@ from core.gate.capacity import (
     CANDIDATE,
     CHAMPION,
     CapacityRules,
+    CurvePoint,
     Round,
     anchor_at_peak,
-    bracket,
+    brackets,
     curve,
     judge_capacity,
+    monotone,
+    refined_plan,
     throughput_at_slo,
 )
 from core.gate.rules import CanaryRules
@@ -82,6 +85,18 @@ def test_both_holding_the_slo_at_every_rate_passes_censored() -> None:
     assert result.verdict is Verdict.passed and ">= 1600 req/s" in result.reason
 
 
+def test_a_champion_censored_at_the_cap_cannot_clear_a_candidate_that_crossed_below_it() -> None:
+    # the champion holds at every rate up to 1,600; the candidate crosses at 1,595 (within
+    # 10 % of 1,600), but the champion's true throughput may be far higher
+    rounds = rounds_for(CHAMPION, 5000.0) + rounds_for(CANDIDATE, 1300.0)
+    result = judge_capacity(rounds, 100.0, SLO, CapacityRules())
+    assert result.verdict is Verdict.inconclusive
+    assert "max_rate_rps" in result.reason and "champion >= 1600 req/s" in result.reason
+    # far enough below the cap, the shortfall is beyond the tolerance whatever the champion's is
+    rounds = rounds_for(CHAMPION, 5000.0) + rounds_for(CANDIDATE, 1000.0)
+    assert judge_capacity(rounds, 100.0, SLO, CapacityRules()).verdict is Verdict.failed
+
+
 def test_a_candidate_that_answers_nothing_is_an_error() -> None:
     dead = [Round(CANDIDATE, r, (math.inf,) * 50, 50, 0.0) for r in RATES]
     result = judge_capacity(rounds_for(CHAMPION, 1000.0) + dead, 100.0, SLO, CapacityRules())
@@ -108,10 +123,43 @@ def test_the_rate_ladder_starts_at_the_peak_doubles_and_is_capped() -> None:
     assert rules.refined_rates(400.0, 500.0) == [425.0, 450.0, 475.0]
 
 
-def test_the_bracket_is_where_either_version_first_misses_the_slo() -> None:
-    rounds = rounds_for(CHAMPION, 1000.0) + rounds_for(CANDIDATE, 300.0)
-    # the candidate: 400 req/s -> 105 ms, 800 -> 505 ms (missed); the champion holds at 800
-    assert bracket(rounds, SLO, CapacityRules()) == (400.0, 800.0)
+def test_each_version_has_its_own_bracket_and_both_crossings_are_refined_for_both() -> None:
+    rounds = rounds_for(CHAMPION, 1000.0, pairs=1) + rounds_for(CANDIDATE, 300.0, pairs=1)
+    # the candidate: 400 req/s -> 105 ms, 800 -> 505 ms (missed); the champion: 800 -> 5 ms,
+    # 1600 -> 605 ms (missed). Refining only the first miss would leave the champion's crossing
+    # to one interpolation across 800..1600.
+    assert brackets(rounds, SLO, CapacityRules()) == {
+        CANDIDATE: (400.0, 800.0),
+        CHAMPION: (800.0, 1600.0),
+    }
+    assert refined_plan(rounds, SLO, CapacityRules()) == [
+        500.0, 600.0, 700.0, 1000.0, 1200.0, 1400.0
+    ]  # fmt: skip
+
+
+def test_a_version_that_never_crosses_inside_the_ladder_has_no_bracket() -> None:
+    held_everywhere = rounds_for(CHAMPION, 5000.0, pairs=1)
+    missed_at_once = [Round(CANDIDATE, r, (900.0,) * 50, 0, r) for r in RATES]
+    assert brackets(held_everywhere + missed_at_once, SLO, CapacityRules()) == {}
+
+
+def test_the_monotone_fit_pools_a_rate_measured_below_its_lower_neighbour() -> None:
+    def point(rate: float, p95: float, n: int) -> CurvePoint:
+        return CurvePoint(rate, n, p95, 0.0, rate)
+
+    # measured: 2,240 req/s 360 ms, 2,560 req/s 161 ms (a short round, not a faster queue)
+    raw = [point(1920, 100.0, 3000), point(2240, 360.0, 3000), point(2560, 160.0, 1000)]
+    pooled = (360 * 3000 + 160 * 1000) / 4000  # 310 ms, weighted by requests
+    assert [p.p95_ms for p in monotone(raw)] == [100.0, pooled, pooled]
+    # raw, the SLO is first missed at 2,240; fitted (310 ms at 2,240 and 2,560), also there,
+    # but an upper rate no longer reads as holding: 2,560 is not a second crossing
+    assert [p.holds(SLO, 0.01) for p in monotone(raw)] == [True, False, False]
+    got = throughput_at_slo(raw, SLO, 0.01)
+    assert got.rps == pytest.approx(1920 + 320 * (300 - 100) / (310 - 100))
+    unanswered = [point(1000, 50.0, 100), point(2000, math.inf, 100), point(3000, 80.0, 100)]
+    assert [p.p95_ms for p in monotone(unanswered)] == [50.0, math.inf, math.inf]
+    increasing = [point(r, r / 10, 100) for r in (100, 200, 300)]
+    assert monotone(increasing) == increasing
 
 
 def test_a_peak_the_run_sets_is_the_ladder_start_and_the_log_store_is_not_read() -> None:
