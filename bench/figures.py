@@ -19,6 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.proportions import wilson
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BEGIN = "<!-- figures:begin -->"
@@ -220,12 +222,24 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
             low, high = cap["champion_cpu_ms_per_request_range"]
             plant += f", range {low:.3f}-{high:.3f} ms over {cap.get('cost_probes')} probes"
         plant += ")"
+
+    def flagged(case: str) -> str:
+        rate, runs = cap.get(f"flag_rate_{case}"), cap.get(f"runs_{case}")
+        text = f"{_pct(rate)} of {_num(runs)} runs"
+        if rate is not None and runs:
+            low, high = wilson(round(float(rate) * runs), int(runs))
+            text += f" (Wilson 95 % {_pct(low)}-{_pct(high)})"
+        return text
+
+    when = ""
+    if cap.get("measured_at"):  # capacity.json's run, not the rest of gate.json's
+        at = datetime.fromisoformat(cap["measured_at"]).strftime("%Y-%m-%d %H:%M")
+        when = f", measured {at} UTC by bench.capacity"
     yield (
-        f"capacity check{plant}: flags costlier {_pct(cap.get('flag_rate_costlier'))} of "
-        f"{_num(cap.get('runs_costlier'))} runs, twin {_pct(cap.get('flag_rate_twin'))} of "
-        f"{_num(cap.get('runs_twin'))}, median throughput shortfall costlier "
+        f"capacity check{plant}: flags costlier {flagged('costlier')}, "
+        f"twin {flagged('twin')}, median throughput shortfall costlier "
         f"{_pct(cap.get('median_shortfall_costlier'))}, twin {_pct(cap.get('median_shortfall_twin'))}, "
-        f"longest check {_num(cap.get('wall_s_max'))} s"
+        f"longest check {_num(cap.get('wall_s_max'))} s{when}"
     )
     yield _gate_mirror(d.get("mirror_p95_cost"))
     yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
