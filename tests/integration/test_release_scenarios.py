@@ -262,9 +262,9 @@ def test_a_candidate_over_the_slo_at_every_load_is_refused_by_the_capacity_check
     fleet, shop
 ):
     # The plant is +400 ms on every canary answer (over the 300 ms SLO at any rate), not a
-    # compute cost: on this 2-core host the check does not tell a 30 % costlier candidate from
-    # its twin (bench.capacity: 10 % vs 15 % flagged), so a cost plant would make this test a
-    # coin toss. What it holds: the check runs before any weight, refuses with both figures,
+    # compute cost: on this 2-core host the check flags a 30 % costlier candidate in about 95 %
+    # of runs and its twin in about 5 % (bench.capacity, 20 runs each), so a cost plant would
+    # fail this test about one run in twenty. What it holds: the check runs before any weight, refuses with both figures,
     # and leaves champion and fleet as they were. Seed 12's model is never blessed against v2
     # (AUC drop over 0.02, deterministic): the blessing is not what this test is about.
     champion = open_store(get_settings()).get_alias("champion")
