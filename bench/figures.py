@@ -206,10 +206,23 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
     if hit:
         yield "P95 +>=20 % cases: worst promoted row " + _pct(max(c["promoted"] for c in hit))
     srm = d.get("srm") or {}
-    yield (
+    line = (
         f"sample-ratio check: A/A flag rate {_pct(srm.get('aa_flag_rate'))}, "
         f"5 %->6 % detected within 2 windows in {_pct(srm.get('detected_within_2_windows'))}"
     )
+    if srm.get("users_in_2_windows_median"):  # older results did not count users
+        replays = int(srm["replays"])
+        aa_low, aa_high = wilson(round(float(srm["aa_flag_rate"]) * replays), replays)
+        line += (
+            f", within {_num(srm.get('max_windows'))} in "
+            f"{_pct(srm.get('detected_within_max_windows'))} ({_num(replays)} replays each, "
+            f"median {_num(srm['users_in_2_windows_median'], 0)} users in 2 windows; A/A Wilson "
+            f"95 % {_pct(aa_low)}-{_pct(aa_high)})"
+        )
+    if srm.get("measured_at"):  # an --srm-only run, not the rest of gate.json's
+        at = datetime.fromisoformat(srm["measured_at"]).strftime("%Y-%m-%d %H:%M")
+        line += f", measured {at} UTC by bench.gate --srm-only"
+    yield line
     cap = d.get("capacity_check") or {}
     plant = ""
     if cap.get("champion_cpu_ms_per_request") is not None:

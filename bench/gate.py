@@ -1,6 +1,7 @@
 """Benchmark the canary gate, one row per case: what share of releases ended which way, and when.
 
     python -m bench.gate [--releases 300] [--record-s 60] [--live-aa 3] [--live-ab 3] [--quick]
+    python -m bench.gate --srm-only   (only the sample-ratio check; keeps the rest of gate.json)
 
 1. **Record.** Two real serving workers (`python -m serving`) serve two trained versions of
    equal cost as canary and baseline (50 % each) while simulated shoppers drive them, at a light
@@ -16,8 +17,9 @@
    bootstrap: `Recording.sample`) from the pooled rows
    of one random stretch (`Load.pooled` says why), so they share the recording's load swings.
    `p95_ratio_at_peak` is what the regression does to the peak recording's P95.
-3. **Split.** The sample-ratio check on requests drawn from the peak recording at 500 req/s and
-   routed by the workers' bucket function: a 5 % canary served 6 %, and an even split.
+3. **Split.** The sample-ratio check on requests of fresh users drawn from the peak recording at
+   500 req/s and routed by the workers' bucket function: a 5 % canary served 6 %, and an even
+   split.
 4. **Live.** Releases on the same two workers through the real plan and analysis tasks (real
    traffic, real log store): A/A, and A/B with the canary slowed x1.5 by the worker's injection.
 
@@ -109,7 +111,14 @@ def start_fleet(tmp: Path) -> Bench:
     return Bench(tmp, urls, versions[0].version, versions[1].version, workers)
 
 
-def record_loads(bench: Bench, seconds: float) -> list[Load]:
+# name, offered req/s, connections, record time as a multiple of --record-s. Light: twice as
+# long at a low rate, so its replay has rows enough for the P95.
+LOAD_LEVELS = (("light", 80.0, 8, 2.0), ("heavy", 1000.0, 32, 1.0))
+
+
+def record_loads(
+    bench: Bench, seconds: float, names: tuple[str, ...] = ("light", "heavy")
+) -> list[Load]:
     from logstore.reading import connect_for_reading
     from relay.settings import get_settings
     from serving.fleet import FleetClient
@@ -123,11 +132,7 @@ def record_loads(bench: Bench, seconds: float) -> list[Load]:
             raise SystemExit(f"canary deploy failed: {deployed.reason}")
         # the weight is leased: renewed while the loads run, or it lapses after a lease
         with fleet.renewing():
-            # light: twice as long at a low rate, so its replay has rows enough for the P95
-            for name, rps, concurrency, scale in (
-                ("light", 80.0, 8, 2.0),
-                ("heavy", 1000.0, 32, 1.0),
-            ):
+            for name, rps, concurrency, scale in (lv for lv in LOAD_LEVELS if lv[0] in names):
                 start = datetime.now(UTC)
                 report = drive(
                     bench.urls,
@@ -287,6 +292,12 @@ def main() -> None:
     )
     parser.add_argument("--live-budget-s", type=float, default=900.0)
     parser.add_argument("--quick", action="store_true", help="the smoke test's size: seconds")
+    parser.add_argument(
+        "--srm-only",
+        action="store_true",
+        help="re-measure only the sample-ratio check (records the heavy load, replays the split) "
+        "and replace gate.json's `srm`, keeping every other figure",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "gate.json")
     parser.add_argument(
         "--recordings", type=Path, help="save the recordings here (.npz); reuse them if it exists"
@@ -300,6 +311,9 @@ def main() -> None:
     with scratch_dir(prefix="relay-bench-gate-") as tmp:
         bench = start_fleet(tmp)
         try:
+            if args.srm_only:
+                srm_only(bench, args)
+                return
             if args.recordings and args.recordings.exists():
                 loads = read_loads(args.recordings)
             else:
@@ -326,6 +340,20 @@ def main() -> None:
             for w in bench.workers:
                 w.stop()
     print(json.dumps({k: v for k, v in figures.items() if k != "cases"}, indent=2, default=_finite))
+
+
+def srm_only(bench: Bench, args: argparse.Namespace) -> None:
+    """The sample-ratio figures alone, into gate.json's `srm` (dated there); the rest is kept."""
+    (peak,) = record_loads(bench, args.record_s, names=("heavy",))
+    srm = split_check(peak, args.srm_replays, seed=9)
+    figures = _read_json(args.out)
+    figures["srm"] = srm | {
+        "recording": peak.summary(),
+        "measured_at": datetime.now(UTC).isoformat(),
+        "source": "python -m bench.gate --srm-only (the rest of gate.json is an earlier run's)",
+    }
+    _save(args.out, figures)
+    print(json.dumps({"srm": figures["srm"]}, indent=2, default=_finite))
 
 
 def _figures(

@@ -20,7 +20,7 @@ from core.gate.judge import judge_window
 from core.gate.plan import CanaryPlan, plan_canary
 from core.gate.rules import CanaryRules
 from core.gate.step import StepIO, run_step
-from logstore.slo import CohortSums, cohort_sums_of, paired_seconds_of
+from logstore.slo import cohort_sums_of, paired_seconds_of
 from relay.types import GateResult, Verdict
 
 STEPS = (5, 25, 50)
@@ -339,40 +339,49 @@ def operating_characteristic(loads: list[Load], releases: int, seed: int) -> lis
 def split_check(peak: Load, replays: int, seed: int, max_windows: int = 10) -> dict[str, Any]:
     """How soon the sample-ratio check flags a 5 % canary served 6 %, and how often an even split.
 
-    Requests are drawn from the peak recording (its users, at its rate of repeat visits) at
-    500 req/s, and routed by the workers' own bucket function (`serving.routing.route_bucket`)
-    with a fresh salt per replay: buckets 0-4 canary, 5-9 baseline, the rest stable (A/A), or
-    0-5 canary, 6-10 baseline (the canary takes 6 %). Each window judges the step so far.
+    Each window brings 500 req/s x WINDOW_S requests of fresh users from the peak recording, as
+    every other replay here does (`Load.draw`: a cluster bootstrap of one random stretch, each
+    drawn user with all its rows under a new id), and routes them by the workers' own bucket
+    function (`serving.routing.route_bucket`) with a fresh salt per replay: buckets 0-4 canary,
+    5-9 baseline, the rest stable (A/A), or 0-5 canary, 6-10 baseline (the canary takes 6 %).
+    Each window judges the step so far. Until 2026-12-07 every window re-drew requests of the
+    recording's own users (about 8,900 in its 16,706 rows), so after a window or two no new user
+    arrived and the check's evidence, which is counted in users, stopped growing: live traffic
+    keeps bringing users the check has not seen.
     """
     from serving.routing import route_bucket
 
     rules = CanaryRules()
-    users = np.concatenate([peak.canary.user, peak.baseline.user])
-    latency = np.concatenate([peak.canary.latency_ms, peak.baseline.latency_ms])
-    status = np.concatenate([peak.canary.status, peak.baseline.status])
     rng = np.random.default_rng(seed)
     out: dict[str, list[int | None]] = {"skewed": [], "aa": []}
+    users_in_2_windows: list[int] = []
     for kind, canary_buckets in (("skewed", 6), ("aa", 5)):
         for replay in range(replays):
             salt = f"bench-srm-{kind}-{replay}"
-            bucket = {u: route_bucket(int(u), salt) for u in np.unique(users)}
-            slot_of = np.array([bucket[u] for u in users])
-            slot = np.where(
-                slot_of < canary_buckets, 0, np.where(slot_of < canary_buckets + 5, 1, 2)
-            )
-            taken: list[np.ndarray] = []
+            taken: list[tuple[np.ndarray, ...]] = []
             flagged_at = None
-            for window in range(1, max_windows + 1):
-                taken.append(rng.integers(0, len(users), rng.poisson(500 * WINDOW_S)))
-                idx = np.concatenate(taken)
-                cohorts = [
-                    _cohort_of(name, idx[slot[idx] == i], users, latency, status)
-                    for i, name in enumerate(("canary", "baseline", "stable"))
-                ]
-                figures = StepFigures(cohorts[0], cohorts[1], stable=cohorts[2])
-                gate = _judge_split(figures, rules)
+            for window in range(max_windows):
+                rows, _ = peak.draw(rng, int(rng.poisson(500 * WINDOW_S)), 0, window)
+                ids, inverse = np.unique(rows[0], return_inverse=True)  # this window's new users
+                bucket = np.array([route_bucket(int(u), salt) for u in ids])[inverse]
+                taken.append((*rows, bucket))
+                user, latency, status, ts, bucket = (
+                    np.concatenate(c) for c in zip(*taken, strict=True)
+                )
+                if window == 1:
+                    users_in_2_windows.append(len(np.unique(user)))
+                slot = np.where(
+                    bucket < canary_buckets, 0, np.where(bucket < canary_buckets + 5, 1, 2)
+                )
+                cohorts = []
+                for i, name in enumerate(("canary", "baseline", "stable")):
+                    m = slot == i
+                    cohorts.append(
+                        cohort_sums_of(name, name, user[m], latency[m], status[m], ts[m])
+                    )
+                gate = _judge_split(StepFigures(cohorts[0], cohorts[1], stable=cohorts[2]), rules)
                 if gate.verdict is Verdict.invalid:
-                    flagged_at = window
+                    flagged_at = window + 1
                     break
             out[kind].append(flagged_at)
     detected = [w for w in out["skewed"] if w is not None]
@@ -386,16 +395,14 @@ def split_check(peak: Load, replays: int, seed: int, max_windows: int = 10) -> d
         "detected_within_2_windows": sum(1 for w in detected if w <= 2) / replays,
         "detected_within_max_windows": len(detected) / replays,
         "aa_flag_rate": sum(w is not None for w in out["aa"]) / replays,
+        # what the check counts: users (requests of one user are one unit of evidence)
+        "users_in_2_windows_median": float(np.median(users_in_2_windows))
+        if users_in_2_windows
+        else None,
         "method": "Dirichlet-multinomial on users (Lindon & Malek 2022) and clustered request "
-        f"shares, p < {rules.srm_p:g}, cumulative over the step, one look per window",
+        f"shares, p < {rules.srm_p:g}, cumulative over the step, one look per window; fresh "
+        "users every window (cluster bootstrap of the peak recording)",
     }
-
-
-def _cohort_of(
-    name: str, idx: np.ndarray, users: np.ndarray, latency: np.ndarray, status: np.ndarray
-) -> CohortSums:
-    ts = np.linspace(0, 1, len(idx))
-    return cohort_sums_of(name, name, users[idx], latency[idx], status[idx], ts)
 
 
 def _judge_split(figures: StepFigures, rules: CanaryRules) -> GateResult:

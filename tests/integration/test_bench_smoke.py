@@ -40,6 +40,8 @@ COVERED_ELSEWHERE = {
     "scratch": "the scratch directory of the benches below; every smoke run of those uses it",
     "saved": "how every bench writes its JSON; each smoke run below saves through it, and "
     "tests/unit/test_bench_figures.py reads what it stamps",
+    "proportions": "the Wilson interval bench.drift, bench.attribution and the figures state; "
+    "tests/unit/test_bench_figures.py checks it against known answers",
     "chaos_release": "bench.chaos's release kills on the deployed stack (--release-kills); too slow "
     "for the smoke, which runs the worker and ingester kills",
 }

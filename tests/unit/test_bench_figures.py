@@ -121,3 +121,13 @@ def test_a_mirror_only_run_keeps_the_gate_rows_copy_of_its_figure_current(tmp_pa
     assert json.loads(gate.read_text()) == {"cases": [1], "mirror_p95_cost": 0.3229}
     update_key(tmp_path / "absent" / "gate.json", "mirror_p95_cost", 0.1)  # none: nothing written
     assert not (tmp_path / "absent").exists()
+
+
+def test_the_wilson_interval_matches_known_answers() -> None:
+    from bench.proportions import wilson
+
+    # by hand: centre (p + z²/2n) / (1 + z²/n) = 0.87749, half-width 0.11363 (z = 1.96)
+    assert wilson(19, 20) == pytest.approx([0.76386, 0.99112], abs=1e-5)
+    assert wilson(0, 20) == pytest.approx([0.0, 0.16113], abs=1e-5)  # never below 0
+    assert wilson(20, 20) == pytest.approx([0.83887, 1.0], abs=1e-5)  # nor above 1
+    assert wilson(0, 0) == [0.0, 1.0]  # no runs: nothing is known

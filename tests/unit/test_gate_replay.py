@@ -70,3 +70,18 @@ def test_a_uniformly_slower_candidate_is_still_rolled_back_from_the_same_recordi
     slow = outcomes(load, 500.0, "uniform x1.5", 12)
     assert slow.count("rolled_back") == 12, slow
     assert STEPS[0] == 5  # the replay walks the flow's steps
+
+
+def test_the_split_replay_brings_new_users_every_window_and_catches_a_skew_from_them() -> None:
+    # The sample-ratio check counts users, so its evidence grows only as new users arrive, as
+    # they do live. Re-drawing the recording's own 1,500 users every window (the bench until
+    # 2026-12-07) capped the evidence at them: 2 windows here already hold far more.
+    from bench.gate_replay import split_check
+
+    load = recording(2)
+    got = split_check(load, replays=2, seed=9, max_windows=10)
+    distinct = len(np.unique(np.concatenate([load.canary.user, load.baseline.user])))
+    assert got["users_in_2_windows_median"] > 3 * distinct  # old: at most `distinct`
+    # ~3,300 new users a window: within 10 windows a 6 % canary is told from 5 % every time
+    assert got["detected_within_max_windows"] == 1.0
+    assert got["aa_flag_rate"] == 0.0
