@@ -400,8 +400,9 @@ def split_check(peak: Load, replays: int, seed: int, max_windows: int = 10) -> d
         if users_in_2_windows
         else None,
         "method": "Dirichlet-multinomial on users (Lindon & Malek 2022) and clustered request "
-        f"shares, p < {rules.srm_p:g}, cumulative over the step, one look per window; fresh "
-        "users every window (cluster bootstrap of the peak recording)",
+        f"shares, their combined p (Bonferroni over the two) < {rules.srm_p:g}, cumulative over "
+        "the step, one look per window; fresh users every window (cluster bootstrap of the peak "
+        "recording)",
     }
 
 

@@ -52,7 +52,7 @@ from core.gate.sequential import (
     latency_shift,
     mean_log_latency,
 )
-from core.gate.srm import SplitCheck, check_split
+from core.gate.srm import SplitCheck, check_split, combined_p
 from logstore.slo import CohortSums
 from relay.types import GateResult, Verdict
 
@@ -268,10 +268,12 @@ def _split_verdict(
     """The split's reason when it mismatches (else None), the evidence, and its figures."""
     split, evidence = _split(figures, weight, evidence)
     measured = _split_measured(split, evidence)
-    if min(evidence.split_p_requests, _p_of(evidence.split_log_bf)) >= rules.srm_p:
+    p = combined_p(_p_of(evidence.split_log_bf), evidence.split_p_requests)  # the step so far
+    if p >= rules.srm_p:
         return None, evidence, measured
     reason = (
-        f"sample-ratio mismatch at {weight} %: {split.describe()}; below p={rules.srm_p:g}: "
+        f"sample-ratio mismatch at {weight} %: {split.describe()}; over the step so far the "
+        f"two tests' combined p={p:.3g} (Bonferroni) is below {rules.srm_p:g}: "
         "every comparison would be biased, so the weights hold and a person decides"
     )
     return reason, evidence, measured

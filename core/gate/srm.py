@@ -19,8 +19,11 @@ observed shares with the configured weights, two ways, both valid at every look 
   normal-mixture confidence sequence of `core.gate.sequential`, its variance by the delta
   method over users (Deng et al. 2018), Bonferroni over the slots tested.
 
-A p-value below `CanaryRules.srm_p` (GrowthBook's 0.001) makes the look `invalid`: the weights
-are held and a person asked, never a promotion or rollback on biased data.
+The look's p-value is the smaller of the two, doubled (Bonferroni over the two tests,
+`combined_p`): each test alone is valid at its level, so flagging on either one at 0.001 would
+flag an even split up to twice that often. A combined p below `CanaryRules.srm_p` (GrowthBook's
+0.001) makes the look `invalid`: the weights are held and a person asked, never a promotion or
+rollback on biased data.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class SplitCheck:
 
     @property
     def p_value(self) -> float:
-        return min(self.p_users, self.p_requests)
+        return combined_p(self.p_users, self.p_requests)
 
     def describe(self) -> str:
         parts = [
@@ -62,6 +65,11 @@ class SplitCheck:
             f"{'; '.join(parts)}; always-valid p={self.p_users:.3g} on users (Dirichlet-"
             f"multinomial), p={self.p_requests:.3g} on requests (clustered by user)"
         )
+
+
+def combined_p(p_users: float, p_requests: float) -> float:
+    """The split's p-value from its two always-valid tests: Bonferroni over the two."""
+    return min(1.0, 2 * min(p_users, p_requests))
 
 
 def expected_shares(weight: int, slots: tuple[str, ...]) -> tuple[float, ...]:

@@ -16,7 +16,7 @@ from core.gate.evidence import StepEvidence, StepFigures
 from core.gate.judge import judge_window, tail_of
 from core.gate.quantile import log_quantile
 from core.gate.rules import CanaryRules
-from core.gate.srm import check_split, multinomial_log_bf
+from core.gate.srm import SplitCheck, check_split, combined_p, multinomial_log_bf
 from core.gate.step import StepIO, StepLength, run_step
 from logstore.slo import CohortSums, cohort_sums_of
 from relay.types import Verdict
@@ -145,6 +145,16 @@ def test_a_5_percent_split_observed_at_6_is_flagged_with_its_shares_stated() -> 
     split, _ = check_split(cohorts, 5)
     assert split.p_value < RULES.srm_p
     assert split.user_shares[0] > 0.055 and "(expected 5.00%)" in split.describe()
+
+
+def test_the_splits_p_value_pays_for_testing_two_ways() -> None:
+    # users and requests are each valid at 0.001; flagging on either would flag an even split
+    # up to 0.2 % of the time, so the look's p is the smaller doubled (Bonferroni)
+    assert combined_p(0.0008, 0.5) == 0.0016 and combined_p(0.5, 0.0004) == 0.0008
+    assert combined_p(0.7, 0.9) == 1.0
+    one_test_below = SplitCheck(("canary", "baseline"), (0.5, 0.5), (0.5, 0.5), (0.5, 0.5),
+                                p_users=0.0008, p_requests=0.5)  # fmt: skip
+    assert one_test_below.p_value >= RULES.srm_p  # not a mismatch on its own
 
 
 def test_an_equal_split_is_not_flagged_across_many_looks() -> None:
