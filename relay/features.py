@@ -70,9 +70,23 @@ LABEL = "clicked"
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
+# Column positions in the model input, by kind of encoding: each kind is encoded as one block,
+# so a batch costs a few array operations whatever its size (column by column, a 20-row
+# request's 27 columns cost ~4x more than the model itself).
+HASHED = tuple(j for j, c in enumerate(CATEGORICAL) if c.hashed)
+CODED = tuple(j for j, c in enumerate(CATEGORICAL) if not c.hashed)
+_HASH_BUCKETS = np.array([CATEGORICAL[j].buckets for j in HASHED], dtype=np.uint64)
+_CODE_HIGH = np.array([CATEGORICAL[j].buckets - 1 for j in CODED], dtype=np.int64)
+_LOG1P = np.array([j for j, d in enumerate(DENSE) if d.transform == "log1p"], dtype=np.intp)
+_CLIP01 = np.array([j for j, d in enumerate(DENSE) if d.transform == "clip01"], dtype=np.intp)
+_RAW = np.array([j for j, d in enumerate(DENSE) if d.transform == "raw"], dtype=np.intp)
 
-def bucket_ids(ids: np.ndarray, buckets: int) -> np.ndarray:
-    """Stable bucket per id (splitmix64 finaliser), the same in every process and platform."""
+
+def bucket_ids(ids: np.ndarray, buckets: int | np.ndarray) -> np.ndarray:
+    """Stable bucket per id (splitmix64 finaliser), the same in every process and platform.
+
+    `buckets` is one count, or one per column of a 2-D `ids`.
+    """
     x = ids.astype(np.uint64, copy=True)
     with np.errstate(over="ignore"):
         x ^= x >> np.uint64(30)
@@ -80,49 +94,67 @@ def bucket_ids(ids: np.ndarray, buckets: int) -> np.ndarray:
         x ^= x >> np.uint64(27)
         x *= _MIX2
         x ^= x >> np.uint64(31)
-    return (x % np.uint64(buckets)).astype(np.int64)
+    return (x % np.asarray(buckets, dtype=np.uint64)).astype(np.int64)
 
 
-def _categorical_column(values: np.ndarray, spec: Categorical) -> np.ndarray:
-    if spec.hashed:
-        return bucket_ids(values, spec.buckets)
-    return np.clip(values.astype(np.int64), 0, spec.buckets - 1)
+def encode(hashed: np.ndarray, coded: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """The model input from its three finite blocks, columns in HASHED, CODED and DENSE order.
+
+    `hashed`: ids (n, 3), any numeric dtype (cast to uint64 as they are); `coded`: small codes
+    (n, 6), cast to int64 and clipped into range; `dense`: (n, 18) float64 values.
+    """
+    out = np.empty((dense.shape[0], N_FEATURES), dtype=np.float32)
+    out[:, HASHED] = bucket_ids(hashed, _HASH_BUCKETS)
+    out[:, CODED] = np.clip(coded.astype(np.int64), 0, _CODE_HIGH)
+    at = N_CATEGORICAL
+    out[:, at + _LOG1P] = np.log1p(np.clip(dense[:, _LOG1P], 0.0, None))
+    out[:, at + _CLIP01] = np.clip(dense[:, _CLIP01], 0.0, 1.0)
+    out[:, at + _RAW] = dense[:, _RAW]
+    return out
 
 
-def _dense_column(values: np.ndarray, spec: Dense) -> np.ndarray:
-    v = values.astype(np.float64)
-    if spec.transform == "log1p":
-        return np.log1p(np.clip(v, 0.0, None))
-    if spec.transform == "clip01":
-        return np.clip(v, 0.0, 1.0)
-    return v
+def non_finite(names: tuple[str, ...], block: np.ndarray) -> list[str]:
+    """The names of `block`'s columns holding NaN or inf (none for an integer block)."""
+    if block.dtype.kind != "f":
+        return []
+    finite = np.isfinite(block).all(axis=0)
+    return [name for name, ok in zip(names, finite, strict=True) if not ok]
+
+
+def non_finite_error(bad: list[str]) -> ValueError:
+    return ValueError(f"non-finite values (NaN or inf) in feature columns: {', '.join(bad)}")
 
 
 def to_model_input(frame: pd.DataFrame) -> np.ndarray:
     """Raw feature columns (any order, extra columns ignored) -> float32 matrix (n, 27).
 
-    Raises ValueError naming the missing columns or the columns holding NaN/inf.
+    Raises ValueError naming the missing columns or the columns holding NaN/inf. Each column
+    keeps its own dtype until it is cast for its encoding, so ids hash exactly at any size.
     """
     missing = [name for name in FEATURE_NAMES if name not in frame.columns]
     if missing:
         raise ValueError(f"missing feature columns: {', '.join(missing)}")
-    out = np.empty((len(frame), N_FEATURES), dtype=np.float32)
-    bad: list[str] = []
-    for j, spec in enumerate(CATEGORICAL):
-        raw = frame[spec.name].to_numpy()
-        if raw.dtype.kind == "f" and not np.isfinite(raw).all():
-            bad.append(spec.name)
-            continue
-        out[:, j] = _categorical_column(raw, spec)
-    for j, dspec in enumerate(DENSE, start=N_CATEGORICAL):
-        raw = frame[dspec.name].to_numpy(dtype=np.float64)
-        if not np.isfinite(raw).all():  # checked before transforms: clipping would hide an inf
-            bad.append(dspec.name)
-            continue
-        out[:, j] = _dense_column(raw, dspec)
+    n = len(frame)
+    cat = [frame[spec.name].to_numpy() for spec in CATEGORICAL]
+    bad = [
+        spec.name
+        for spec, v in zip(CATEGORICAL, cat, strict=True)
+        if v.dtype.kind == "f" and not np.isfinite(v).all()
+    ]
+    dense = np.empty((n, len(DENSE)), dtype=np.float64)
+    for j, dspec in enumerate(DENSE):
+        dense[:, j] = frame[dspec.name].to_numpy(dtype=np.float64)
+    # checked before transforms: clipping would hide an inf
+    bad += non_finite(tuple(d.name for d in DENSE), dense)
     if bad:
-        raise ValueError(f"non-finite values (NaN or inf) in feature columns: {', '.join(bad)}")
-    return out
+        raise non_finite_error(bad)
+    hashed = np.empty((n, len(HASHED)), dtype=np.uint64)
+    for k, j in enumerate(HASHED):
+        hashed[:, k] = cat[j].astype(np.uint64)
+    coded = np.empty((n, len(CODED)), dtype=np.int64)
+    for k, j in enumerate(CODED):
+        coded[:, k] = cat[j].astype(np.int64)
+    return encode(hashed, coded, dense)
 
 
 def pipeline_source() -> Path:
