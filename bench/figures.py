@@ -255,7 +255,17 @@ def _gate(d: Mapping[str, Any]) -> Iterable[str]:
         f"longest check {_num(cap.get('wall_s_max'))} s{when}"
     )
     yield _gate_mirror(d.get("mirror_p95_cost"))
-    yield f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
+    live_when = ""
+    if d.get("live_measured_at"):  # a --live-only run's, not the rest of gate.json's
+        at = datetime.fromisoformat(d["live_measured_at"]).strftime("%Y-%m-%d %H:%M")
+        live_when = (
+            f" (at {_num(d.get('live_traffic_rps'))} req/s, {_num(d.get('live_seconds'))} s in all, "
+            f"measured {at} UTC by bench.gate --live-only)"
+        )
+    yield (
+        f"live releases: {len(d.get('live_aa') or [])} A/A, {len(d.get('live_ab') or [])} A/B"
+        f"{live_when}"
+    )
     for kind, outcomes in _live_outcomes(d).items():
         yield f"live {kind}: " + ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
 

@@ -2,6 +2,7 @@
 
     python -m bench.gate [--releases 300] [--record-s 60] [--live-aa 3] [--live-ab 3] [--quick]
     python -m bench.gate --srm-only   (only the sample-ratio check; keeps the rest of gate.json)
+    python -m bench.gate --live-only --live-budget-s 5400   (only the live releases; likewise)
 
 1. **Record.** Two real serving workers (`python -m serving`) serve two trained versions of
    equal cost as canary and baseline (50 % each) while simulated shoppers drive them, at a light
@@ -21,7 +22,10 @@
    500 req/s and routed by the workers' bucket function: a 5 % canary served 6 %, and an even
    split.
 4. **Live.** Releases on the same two workers through the real plan and analysis tasks (real
-   traffic, real log store): A/A, and A/B with the canary slowed x1.5 by the worker's injection.
+   traffic, real log store): A/A, and A/B taking `AB_KINDS` in turn (uniform x1.5, a tail, a
+   cost that shows only under load), planted by the worker's injection. A release takes 2-6
+   minutes here, so the default budget (900 s) fits about five; `--live-only` runs them alone
+   with the budget it is given.
 
 Writes bench/results/gate.json. Everything is bounded: record time, releases, a live time budget.
 """
@@ -298,6 +302,13 @@ def main() -> None:
         help="re-measure only the sample-ratio check (records the heavy load, replays the split) "
         "and replace gate.json's `srm`, keeping every other figure",
     )
+    parser.add_argument(
+        "--live-only",
+        action="store_true",
+        help="run only the live releases (records the heavy load for the rate) and replace "
+        "gate.json's live figures, keeping every other figure; give it a --live-budget-s that "
+        "fits --live-aa + --live-ab releases (each takes 2-6 minutes here)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "gate.json")
     parser.add_argument(
         "--recordings", type=Path, help="save the recordings here (.npz); reuse them if it exists"
@@ -313,6 +324,9 @@ def main() -> None:
         try:
             if args.srm_only:
                 srm_only(bench, args)
+                return
+            if args.live_only:
+                live_only(bench, args)
                 return
             if args.recordings and args.recordings.exists():
                 loads = read_loads(args.recordings)
@@ -354,6 +368,28 @@ def srm_only(bench: Bench, args: argparse.Namespace) -> None:
     }
     _save(args.out, figures)
     print(json.dumps({"srm": figures["srm"]}, indent=2, default=_finite))
+
+
+def live_only(bench: Bench, args: argparse.Namespace) -> None:
+    """The live releases alone, into gate.json's live figures (dated there); the rest is kept."""
+    started = time.monotonic()
+    (peak,) = record_loads(bench, args.record_s, names=("heavy",))
+    args.live_rate = min(args.live_rps, round(0.8 * peak.rps))
+    live = live_releases(bench, args.live_aa, args.live_ab, args.live_rate, args.live_budget_s)
+    figures = _read_json(args.out)
+    figures |= {
+        "live_aa": live["aa"],
+        "live_ab": live["ab"],
+        "live_traffic_rps": args.live_rate,
+        "live_budget_s": args.live_budget_s,
+        "live_asked": {"aa": args.live_aa, "ab": args.live_ab},
+        "live_seconds": round(time.monotonic() - started, 1),
+        "live_recording": peak.summary(),
+        "live_measured_at": datetime.now(UTC).isoformat(),
+        "live_source": "python -m bench.gate --live-only (the rest of gate.json is an earlier run's)",
+    }
+    _save(args.out, figures)
+    print(json.dumps({k: figures[k] for k in ("live_traffic_rps", "live_seconds")}, indent=2))
 
 
 def _figures(
