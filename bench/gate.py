@@ -55,6 +55,7 @@ from bench.gate_replay import (
 )
 from bench.saved import save
 from bench.scratch import scratch_dir
+from core.gate.capacity import CapacityRules
 from core.gate.plan import CanaryPlan
 from core.gate.rules import CanaryRules
 from relay.types import Verdict
@@ -193,7 +194,9 @@ def live_releases(
 ) -> dict[str, list[dict[str, Any]]]:
     """A/A and A/B releases on the real workers, alternating, within a time budget.
 
-    Each is planned (`plan_canary_steps`, from the fleet's own recent traffic) and stepped
+    Each is anchored as a default release is (`anchor_at_history_peak`: the champion's P95 in
+    the busiest ten minutes of the fleet's logs), planned (`plan_canary_steps`, from the
+    fleet's own recent traffic) and stepped
     through the real analysis task (`analyse_canary_step`, its plan's step lengths) while
     simulated shoppers drive the fleet; each A/B release plants the next of `AB_KINDS` with the
     worker's injection. Releases that the budget leaves out are not run (the counts say so).
@@ -203,10 +206,11 @@ def live_releases(
     from relay.settings import get_settings
     from relay.types import Release
     from serving.fleet import FleetClient
-    from tasks.canary_plan import plan_canary_steps
+    from tasks.canary_plan import anchor_at_history_peak, plan_canary_steps
 
     settings = get_settings()
     rules = CanaryRules()
+    history_days = CapacityRules().history_days
     order: list[str] = []
     for i in range(max(n_aa, n_ab)):
         order += (["aa"] if i < n_aa else []) + ([AB_KINDS[i % len(AB_KINDS)]] if i < n_ab else [])
@@ -218,10 +222,13 @@ def live_releases(
                 break
             release = Release(f"bench-gate-{i}", bench.twin, "bench")
             started = time.monotonic()
+            # anchored as a default release anchors them (its capacity check is off)
+            anchored = anchor_at_history_peak.fn(settings, rules, bench.stable, history_days)
             plan = plan_canary_steps.fn(
-                settings, release, list(STEPS), WINDOW_S, rules, champion=bench.stable
+                settings, release, list(STEPS), WINDOW_S, anchored, champion=bench.stable
             )
-            run = _live_release(bench, fleet, release, plan, rules, rps, LIVE_KINDS[kind], i)
+            run = _live_release(bench, fleet, release, plan, anchored, rps, LIVE_KINDS[kind], i)
+            run["peak_p95_ms"] = anchored.peak_p95_ms
             run |= {"kind": kind, "seconds": round(time.monotonic() - started, 1)}
             runs["aa" if kind == "aa" else "ab"].append(run | {"plan": plan.summary})
             print(json.dumps(run))

@@ -52,7 +52,7 @@ from tasks.canary import (
     set_canary_weight,
 )
 from tasks.canary_analysis import CanaryRules, analyse_canary_step
-from tasks.canary_plan import plan_canary_steps
+from tasks.canary_plan import anchor_at_history_peak, plan_canary_steps
 from tasks.capacity import check_capacity
 from tasks.compilation import compile_engines
 from tasks.data import (
@@ -134,6 +134,7 @@ def retrain_and_release(
     if stable == release.version:
         return end(ReleaseOutcome.unchanged, "the fleet already serves this version")
 
+    gate = _anchored(settings, gate, stable, capacity)
     replan = _planner(settings, release, stable, canary_steps, analysis_window_s, started)
     plan = replan(gate)
     if not plan.reachable:  # say so before any traffic moves, and let a person decide
@@ -157,6 +158,16 @@ def retrain_and_release(
     if impact_report_after and outcome is not ReleaseOutcome.refused:  # a refused one had no users
         _report_canary_impact(settings, release, stable, impact)
     return _finish_with_history(settings, summary, release, outcome, reason)
+
+
+def _anchored(
+    settings: Settings, gate: CanaryRules, stable: str, capacity: CapacityRules
+) -> CanaryRules:
+    """The gate anchored at the champion's P95 at peak from the log store's history, unless the
+    capacity check is on: it measures that P95 itself, before the first step."""
+    if capacity.enabled:
+        return gate
+    return anchor_at_history_peak(settings, gate, stable, capacity.history_days)
 
 
 def _planner(

@@ -465,18 +465,3 @@ def paired_seconds_of(
         dot("r", "e"),
         dot("r", "r"),
     )
-
-
-def query_peak_rate(client: Client, start: datetime, end: datetime) -> float:
-    """The fleet's busiest second of real served requests in [start, end) (req/s; 0 if none).
-
-    Served users only: stable, canary and baseline answered without a client error; a load
-    test's rows (slot `loadtest`) and admin calls are not traffic.
-    """
-    rows = client.query(
-        "SELECT max(c) FROM (SELECT toStartOfSecond(ts) AS s, count() AS c FROM inference_logs "
-        "WHERE ts >= {start:DateTime64(3, 'UTC')} AND ts < {end:DateTime64(3, 'UTC')} "
-        "AND slot IN ('stable', 'canary', 'baseline') AND status < 400 GROUP BY s)",
-        parameters={"start": start, "end": end},
-    ).result_rows
-    return float(rows[0][0] or 0) if rows else 0.0

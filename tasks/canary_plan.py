@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from core.gate.plan import CanaryPlan, StepPlan, plan_canary, windows_needed
+from logstore.peaks import query_peak_p95
 from logstore.release_events import ActionVerdict, EventKind
 from logstore.slo import RequestRate, query_cohorts, query_request_rate
 from relay.settings import Settings
@@ -21,7 +22,14 @@ from relay.types import Release
 from tasks.canary import record
 from tasks.canary_analysis import LOG_STORE_ERRORS, CanaryRules, reader
 
-__all__ = ["CanaryPlan", "StepPlan", "plan_canary", "plan_canary_steps", "windows_needed"]
+__all__ = [
+    "CanaryPlan",
+    "StepPlan",
+    "anchor_at_history_peak",
+    "plan_canary",
+    "plan_canary_steps",
+    "windows_needed",
+]
 
 log = logging.getLogger("relay.canary")
 
@@ -100,3 +108,47 @@ def plan_canary_steps(
     )
     print(f"canary plan: {plan.summary}")
     return plan
+
+
+@task(name="anchor-gate-at-peak", cache_policy=NO_CACHE)
+def anchor_at_history_peak(
+    settings: Settings, rules: CanaryRules, champion: str, history_days: float
+) -> CanaryRules:
+    """`rules` anchored at the champion's P95 in the fleet's busiest ten minutes of the last
+    `history_days` (`logstore.peaks.query_peak_p95`), for a release whose capacity check is off.
+
+    `rules` themselves where the run set `peak_p95_ms`, the store cannot be read, or the champion
+    answered fewer than `rules.min_requests` requests in every stretch: the step then counts
+    `tolerance_ms` against the baseline's P95 during the step, and the log says why.
+    """
+    if rules.peak_p95_ms is not None:
+        return rules
+    end = datetime.now(UTC)
+    try:
+        peak = query_peak_p95(
+            reader(settings),
+            end - timedelta(days=history_days),
+            end,
+            champion,
+            rules.min_requests,
+        )
+    except LOG_STORE_ERRORS as exc:
+        log.warning("cannot read the champion's P95 at peak, gate not anchored: %s", exc)
+        return rules
+    if peak is None:
+        log.info(
+            "gate not anchored: %s answered fewer than %d requests in every ten minutes of the "
+            "last %g days; +%g ms counts against the baseline's P95 during each step",
+            champion,
+            rules.min_requests,
+            history_days,
+            rules.tolerance_ms,
+        )
+        return rules
+    anchored = rules.anchored(peak.p95_ms)
+    print(
+        f"gate anchored at the champion's P95 at peak: {anchored.peak_p95_ms:g} ms over "
+        f"{peak.requests} of its requests in the fleet's busiest ten minutes of the last "
+        f"{history_days:g} days ({peak.fleet_requests} served, from {peak.start:%Y-%m-%d %H:%M} UTC)"
+    )
+    return anchored

@@ -35,8 +35,8 @@ from core.gate.capacity import (
     refined_plan,
     round_order,
 )
+from logstore.peaks import query_peak_rate
 from logstore.release_events import EventKind
-from logstore.slo import query_peak_rate
 from relay.settings import Settings
 from relay.types import GateResult, Release
 from serving.load_test import pinned_requests, run_round

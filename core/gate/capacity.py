@@ -73,7 +73,9 @@ class CapacityRules:
     max_error_rate: Annotated[float, Field(ge=0, lt=1)] = 0.01  # more errors: the rate fails
     connections: Annotated[int, Field(ge=1, le=256)] = 32  # load-test connections to the worker
     floor_rps: Annotated[float, Field(gt=0)] = 20.0  # the peak per worker when there is no history
-    history_days: Annotated[float, Field(gt=0, le=90)] = 7.0  # where the fleet's peak is read
+    # where the fleet's peak is read; with the check off, also where a release reads the
+    # champion's P95 at peak to anchor the gate (tasks.canary_plan.anchor_at_history_peak)
+    history_days: Annotated[float, Field(gt=0, le=90)] = 7.0
     # The peak per worker to start the ladder from, when the operator knows it (a planned sale,
     # a fleet resized since): None reads the busiest second of the last `history_days`.
     peak_rps: Annotated[float, Field(gt=0)] | None = None
@@ -353,7 +355,4 @@ def _figures(
 def anchor_at_peak(gate: CanaryRules, checked: GateResult) -> CanaryRules:
     """`gate` with `peak_p95_ms` from the capacity check (the champion's P95 at the fleet's peak),
     unless the run set it or the check did not measure it; `gate` itself when unchanged."""
-    peak = checked.measurements.get("champion_p95_at_peak_ms")
-    if gate.peak_p95_ms is not None or peak is None or not math.isfinite(peak) or peak <= 0:
-        return gate
-    return dataclasses.replace(gate, peak_p95_ms=round(float(peak), 3))
+    return gate.anchored(checked.measurements.get("champion_p95_at_peak_ms"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Annotated
@@ -34,7 +35,8 @@ class CanaryRules:
     )
     # The champion's P95 at the fleet's peak, which anchors tolerance_ms: a canary x1.5 at a light
     # hour (+2.7 ms on 5.5 ms) is x1.5 at peak too (+17 ms on 34 ms). None: the release takes the
-    # capacity check's `champion_p95_at_peak_ms`; without one, the observed baseline P95.
+    # capacity check's `champion_p95_at_peak_ms`, or with the check off the champion's P95 in the
+    # busiest ten minutes of the log store's history; without either, the observed baseline P95.
     peak_p95_ms: Annotated[float, Field(gt=0)] | None = None
     error_tolerance_pt: Annotated[float, Field(ge=0, le=100)] = (
         0.5  # errors: +0.5 percentage points over the baseline
@@ -103,6 +105,15 @@ class CanaryRules:
     @property
     def rollback_alpha(self) -> float:
         return 1 - self.rollback_confidence
+
+    def anchored(self, peak_p95_ms: float | None) -> CanaryRules:
+        """These rules with `peak_p95_ms` set to a measured champion P95 at peak; these rules
+        themselves where the run already set one or the figure is missing or not a latency."""
+        if self.peak_p95_ms is not None or peak_p95_ms is None:
+            return self
+        if not math.isfinite(peak_p95_ms) or peak_p95_ms <= 0:
+            return self
+        return dataclasses.replace(self, peak_p95_ms=round(float(peak_p95_ms), 3))
 
     def latency_tolerance(self, baseline_p95_ms: float) -> float:
         """The largest canary/baseline latency ratio that is not a regression.

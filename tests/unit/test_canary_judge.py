@@ -114,6 +114,14 @@ def test_the_ms_floor_counts_at_the_peak_p95_so_a_light_hour_does_not_hide_a_slo
         CanaryRules(peak_p95_ms=0.0)
 
 
+def test_rules_anchor_at_a_measured_peak_only_where_the_run_set_none() -> None:
+    assert RULES.anchored(34.0456).peak_p95_ms == 34.046
+    chosen = CanaryRules(peak_p95_ms=40.0)
+    assert chosen.anchored(34.0) is chosen  # the run's own figure stands
+    for missing in (None, 0.0, -3.0, float("nan"), float("inf")):
+        assert RULES.anchored(missing) is RULES  # no figure: the baseline's P95 during the step
+
+
 def test_swapped_cohorts_would_not_fail_a_faster_canary() -> None:
     rng = np.random.default_rng(4)  # a faster canary must never fail the relative rule
     gate, _ = judge(cohort("canary", rng, 1000), cohort("baseline", rng, 1000, factor=1.5))
