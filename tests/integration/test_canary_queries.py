@@ -15,7 +15,7 @@ import pytest
 
 import logstore
 from logstore.feedback import query_click_cohorts
-from logstore.impact import INFERENCE_LOG_COLUMNS, insert_inference_logs
+from logstore.impact import insert_inference_logs
 from logstore.log_tables import FEEDBACK_COLUMNS, IMPRESSION_COLUMNS
 from logstore.slo import (
     cohort_sums_of,
@@ -27,6 +27,7 @@ from logstore.slo import (
 )
 from relay.types import Verdict
 from tasks.canary_analysis import CanaryRules, StepEvidence, judge_window, read_step_figures
+from tests.integration.log_rows import inference_log_rows
 
 START = datetime(2034, 3, 1, tzinfo=UTC)
 
@@ -34,27 +35,15 @@ START = datetime(2034, 3, 1, tzinfo=UTC)
 def rows(slot: str, version: str, n: int, factor: float, rng: np.random.Generator) -> pd.DataFrame:
     users = rng.integers(0, 300, n) + (0 if slot == "canary" else 1000)
     status = np.where(rng.random(n) < 0.02, 500, np.where(rng.random(n) < 0.01, 422, 200))
-    frame = pd.DataFrame(
-        {
-            "ts": [START + timedelta(milliseconds=int(t)) for t in rng.uniform(0, 60_000, n)],
-            "request_id": [f"{slot}-{i}" for i in range(n)],
-            "user_id": users.astype(np.uint64),
-            "session_id": "s",
-            "slot": slot,
-            "model_version": version,
-            "lineage_id": "l",
-            "latency_ms": (np.exp(rng.normal(3.0, 0.6, n)) * factor).astype(np.float32),
-            "queue_ms": 0.0,
-            "preprocess_ms": 0.0,
-            "compute_ms": 0.0,
-            "postprocess_ms": 0.0,
-            "batch_size": 1,
-            "input_bytes": 100,
-            "status": status.astype(np.uint16),
-            "error_code": "",
-        }
+    return inference_log_rows(
+        [START + timedelta(milliseconds=int(t)) for t in rng.uniform(0, 60_000, n)],
+        [f"{slot}-{i}" for i in range(n)],
+        users,
+        slot,
+        version,
+        np.exp(rng.normal(3.0, 0.6, n)) * factor,
+        status,
     )
-    return frame[list(INFERENCE_LOG_COLUMNS)]
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 
 import logstore
-from logstore.impact import INFERENCE_LOG_COLUMNS, insert_inference_logs
+from logstore.impact import insert_inference_logs
 from logstore.peaks import query_peak_p95
+from tests.integration.log_rows import inference_log_rows
 
 START = datetime(2035, 5, 1, tzinfo=UTC)
 
@@ -26,27 +27,15 @@ def stretch(
     """`n` answered requests spread over the ten minutes from `minute`, with a few errors."""
     offsets = rng.uniform(0, 600_000, n)
     status = np.where(rng.random(n) < 0.02, 500, 200)
-    frame = pd.DataFrame(
-        {
-            "ts": [START + timedelta(minutes=minute, milliseconds=float(t)) for t in offsets],
-            "request_id": [f"{slot}-{minute}-{i}" for i in range(n)],
-            "user_id": rng.integers(0, 500, n).astype(np.uint64),
-            "session_id": "s",
-            "slot": slot,
-            "model_version": version,
-            "lineage_id": "l",
-            "latency_ms": (np.exp(rng.normal(0, 0.4, n)) * median_ms).astype(np.float32),
-            "queue_ms": 0.0,
-            "preprocess_ms": 0.0,
-            "compute_ms": 0.0,
-            "postprocess_ms": 0.0,
-            "batch_size": 1,
-            "input_bytes": 100,
-            "status": status.astype(np.uint16),
-            "error_code": "",
-        }
+    return inference_log_rows(
+        [START + timedelta(minutes=minute, milliseconds=float(t)) for t in offsets],
+        [f"{slot}-{minute}-{i}" for i in range(n)],
+        rng.integers(0, 500, n),
+        slot,
+        version,
+        np.exp(rng.normal(0, 0.4, n)) * median_ms,
+        status,
     )
-    return frame[list(INFERENCE_LOG_COLUMNS)]
 
 
 @pytest.fixture(scope="module")
