@@ -21,11 +21,12 @@
 3. **Split.** The sample-ratio check on requests of fresh users drawn from the peak recording at
    500 req/s and routed by the workers' bucket function: a 5 % canary served 6 %, and an even
    split.
-4. **Live.** Releases on the same two workers through the real plan and analysis tasks (real
-   traffic, real log store): A/A, and A/B taking `AB_KINDS` in turn (uniform x1.5, a tail, a
-   cost that shows only under load), planted by the worker's injection. A release takes 2-6
-   minutes here, so the default budget (900 s) fits about five; `--live-only` runs them alone
-   with the budget it is given.
+4. **Live.** Releases on the same two workers through the real plan, shadow and analysis tasks
+   (real traffic, real log store): A/A, and A/B taking `AB_KINDS` in turn (uniform x1.5, a tail,
+   a cost that shows only under load), planted by the worker's injection. Each runs the shadow
+   stage at weight 0 first, as a default release does; a failed shadow is `refused` (no user saw
+   it). A release takes 2-6 minutes here, so the default budget (900 s) fits about five;
+   `--live-only` runs them alone with the budget it is given.
 
 Writes bench/results/gate.json. Everything is bounded: record time, releases, a live time budget.
 """
@@ -196,7 +197,7 @@ def live_releases(
 
     Each is anchored as a default release is (`anchor_at_history_peak`: the champion's P95 in
     the busiest ten minutes of the fleet's logs), planned (`plan_canary_steps`, from the
-    fleet's own recent traffic) and stepped
+    fleet's own recent traffic), shadowed (`shadow_candidate`, default `ShadowRules`) and stepped
     through the real analysis task (`analyse_canary_step`, its plan's step lengths) while
     simulated shoppers drive the fleet; each A/B release plants the next of `AB_KINDS` with the
     worker's injection. Releases that the budget leaves out are not run (the counts say so).
@@ -260,6 +261,11 @@ def _live_release(
             raise SystemExit(f"injection {injection} failed: {planted.reason}")
     outcome, windows, reason = "promoted", 0, ""
     try:
+        shadowed = _live_shadow(bench, release, rules, rps, seed)
+        shadow = {"shadow": shadowed.verdict.value}
+        if shadowed.verdict in (Verdict.failed, Verdict.error):  # as the flow: refused
+            return {"outcome": "refused", "windows": 0, "reason": shadowed.reason[:300]} | shadow
+        shadow["shadow_reason"] = shadowed.reason[:300]
         for weight in STEPS:
             step = plan.step(weight)
             length = step.length(rules) if step is not None else None
@@ -288,7 +294,28 @@ def _live_release(
     finally:
         fleet.set_injected_latency("canary", 0.0)
         fleet.rollback()
-    return {"outcome": outcome, "windows": windows, "reason": reason[:300]}
+    return {"outcome": outcome, "windows": windows, "reason": reason[:300]} | shadow
+
+
+def _live_shadow(bench: Bench, release: Any, rules: CanaryRules, rps: float, seed: int) -> Any:
+    """The release's shadow stage at weight 0, as the flow runs it (default `ShadowRules`), with
+    the shoppers driving stable meanwhile: every user still sees stable."""
+    from core.gate.rules import ShadowRules
+    from relay.settings import get_settings
+    from simulation.traffic import LiveTraffic, in_background
+    from tasks.shadow import shadow_candidate
+
+    settings, shadow = get_settings(), ShadowRules()
+    look_s = shadow.window_s + 2 * settings.serving_log_flush_ms / 1000
+    traffic = LiveTraffic(
+        rate_rps=rps,
+        duration_s=look_s * (shadow.max_windows + 1),
+        concurrency=32,
+        seed=seed * 10,
+        max_requests=1_000_000,
+    )
+    with in_background(bench.urls, traffic):
+        return shadow_candidate.fn(settings, release, bench.stable, shadow, rules)
 
 
 def main() -> None:
