@@ -34,16 +34,6 @@ from relay.settings import Settings, get_settings  # noqa: E402
 # integration tiers keep the order they are written in: they share session-scoped servers and
 # one chdb path, and some scenarios build on the fleet state the one before them left.
 SHUFFLED_TIERS = ("unit",)
-
-# `make test` runs the suite in two pytest-xdist processes (`--dist loadgroup`). Each test file
-# is one group, run whole and in its order by one process, which has its own session fixtures
-# (Relay home, chdb path, Prefect harness). The files that bring up a deployed stack from the
-# repository's scripts (`prefect deploy --all` in the checkout) share one group, so two of them
-# never run at once.
-SHARED_GROUPS = {
-    "integration/test_deployments_e2e.py": "deployed-stack",
-    "integration/test_ui_browser.py": "deployed-stack",
-}
 _COLLECTED = pytest.StashKey[int]()
 
 
@@ -73,9 +63,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return first_of[tier], within
 
     items.sort(key=key)
-    for item in items:
-        where = Path(str(item.path)).relative_to(TESTS).as_posix()
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(where, where)))
 
 
 @pytest.fixture(scope="session")
