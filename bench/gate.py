@@ -26,8 +26,7 @@
    a cost that shows only under load), planted by the worker's injection. Each runs the shadow
    stage at weight 0 first, as a default release does; a failed shadow is `refused` (no user saw
    it). A release takes 2-8 minutes here, some far longer (docs/gate.md), so the default budget
-   (900 s) fits about four;
-   `--live-only` runs them alone with the budget it is given.
+   (900 s) fits about four; `--live-only` runs them alone with the budget it is given.
 
 Writes bench/results/gate.json. Everything is bounded: record time, releases, a live time budget.
 """
@@ -248,7 +247,7 @@ def _live_release(
     seed: int,
 ) -> dict[str, Any]:
     from relay.settings import get_settings
-    from simulation.traffic import LiveTraffic, in_background
+    from simulation.traffic import in_background
     from tasks.canary_analysis import analyse_canary_step
 
     if not plan.reachable:
@@ -274,14 +273,8 @@ def _live_release(
             if not moved.ok:  # a worker left out of the split would bias every comparison
                 outcome, reason = "error", f"set_weight {weight} %: {moved.reason}"
                 break
-            traffic = LiveTraffic(
-                rate_rps=rps,
-                duration_s=WINDOW_S * ((length.windows if length else rules.max_windows) + 1),
-                concurrency=32,
-                seed=seed * 10 + weight,
-                max_requests=1_000_000,
-            )
-            with in_background(bench.urls, traffic):
+            windows_s = WINDOW_S * ((length.windows if length else rules.max_windows) + 1)
+            with in_background(bench.urls, _shoppers(rps, windows_s, seed * 10 + weight)):
                 gate = analyse_canary_step.fn(
                     get_settings(), release, bench.stable, weight, rules, WINDOW_S, length
                 )
@@ -303,20 +296,22 @@ def _live_shadow(bench: Bench, release: Any, rules: CanaryRules, rps: float, see
     the shoppers driving stable meanwhile: every user still sees stable."""
     from core.gate.rules import ShadowRules
     from relay.settings import get_settings
-    from simulation.traffic import LiveTraffic, in_background
+    from simulation.traffic import in_background
     from tasks.shadow import shadow_candidate
 
     settings, shadow = get_settings(), ShadowRules()
     look_s = shadow.window_s + 2 * settings.serving_log_flush_ms / 1000
-    traffic = LiveTraffic(
-        rate_rps=rps,
-        duration_s=look_s * (shadow.max_windows + 1),
-        concurrency=32,
-        seed=seed * 10,
-        max_requests=1_000_000,
-    )
-    with in_background(bench.urls, traffic):
+    with in_background(bench.urls, _shoppers(rps, look_s * (shadow.max_windows + 1), seed * 10)):
         return shadow_candidate.fn(settings, release, bench.stable, shadow, rules)
+
+
+def _shoppers(rps: float, duration_s: float, seed: int) -> Any:
+    """The live traffic of one stage: the shop's shoppers at `rps`, bounded in time and count."""
+    from simulation.traffic import LiveTraffic
+
+    return LiveTraffic(
+        rate_rps=rps, duration_s=duration_s, concurrency=32, seed=seed, max_requests=1_000_000
+    )
 
 
 def main() -> None:
