@@ -64,8 +64,11 @@ demo: stack
 browser:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
+# The suite in TEST_WORKERS pytest-xdist processes, one test file at a time each (tests/conftest.py
+# groups them); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: install browser
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The edit loop (<= 3 min on 2 cores): the unit tier in random order, the layer and size checks
 # among it; no servers, no flow runs. `make test` runs everything, slow tests included.
