@@ -64,9 +64,9 @@ demo: stack
 browser:
 	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
-# The suite in TEST_WORKERS pytest-xdist processes, one test file at a time each, the longest
-# first (tests/conftest.py); TEST_WORKERS=0 runs it in this one process.
-TEST_WORKERS ?= 3
+# The suite in TEST_WORKERS pytest-xdist processes, one test file at a time each (tests/conftest.py
+# groups them); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

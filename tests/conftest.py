@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,17 +36,22 @@ from relay.settings import Settings, get_settings  # noqa: E402
 # one chdb path, and some scenarios build on the fleet state the one before them left.
 SHUFFLED_TIERS = ("unit",)
 
-# `make test` runs the suite in pytest-xdist processes (TEST_WORKERS). Each test file is one unit
-# of work, run whole and in its written order by one process, which has its own session fixtures
-# (Relay home, chdb path, Prefect harness); a deployed stack or a fleet lives in one file's
-# module fixtures, on its own ports and folders. (xdist's `--dist loadgroup` does not group under
-# pytest 9.2: it renames `item._nodeid`, which pytest 9 no longer reads, so every file's tests
-# were spread over the processes and its module fixtures set up twice.)
-# The longest files go first (each several minutes, in the last fresh-clone run's durations), so
-# no process is left running one alone at the end; the rest follow in collection order.
+# `make test` runs the suite in two pytest-xdist processes. Each test file is one unit of work,
+# run whole and in its written order by one process, which has its own session fixtures (Relay
+# home, chdb path, Prefect harness). The files that bring up a deployed stack from the
+# repository's scripts (`prefect deploy --all` in the checkout) are one unit, so two of them
+# never run at once. (xdist's own `--dist loadgroup` does not group under pytest 9.2: it renames
+# `item._nodeid`, which pytest 9 no longer reads, so every file's tests were spread over both
+# processes and its module fixtures set up twice.)
+SHARED_UNITS = {
+    "tests/integration/test_deployments_e2e.py": "deployed-stack",
+    "tests/integration/test_ui_browser.py": "deployed-stack",
+}
+# The longest units go first (each several minutes, in the last fresh-clone run's durations), so
+# neither process is left running one alone at the end; the rest follow in collection order.
 LONGEST_FIRST = (
-    "integration/test_ui_browser.py",
     "integration/test_deployments_e2e.py",
+    "integration/test_ui_browser.py",
     "integration/test_release_scenarios.py",
     "integration/test_bench_smoke.py",
 )
@@ -83,6 +89,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return rank, first_of[tier], within
 
     items.sort(key=key)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's file-at-a-time scheduling, with the files of SHARED_UNITS as one unit."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SHARED_UNITS.get(file, file)
+
+    return FileUnits(config, log)
 
 
 @pytest.fixture(scope="session")
