@@ -42,7 +42,7 @@ SHUFFLED_TIERS = ("unit",)
 # repository's scripts (`prefect deploy --all` in the checkout) are one unit, so two of them
 # never run at once. (xdist's own `--dist loadgroup` does not group under pytest 9.2: it renames
 # `item._nodeid`, which pytest 9 no longer reads, so every file's tests were spread over both
-# processes and its module fixtures set up twice.)
+# processes and its module fixtures set up twice; pytest-xdist issue 1386, fix open in PR 1388.)
 SHARED_UNITS = {
     "tests/integration/test_deployments_e2e.py": "deployed-stack",
     "tests/integration/test_ui_browser.py": "deployed-stack",
