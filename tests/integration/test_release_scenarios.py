@@ -351,10 +351,14 @@ def test_canary_that_serves_fast_but_loses_clicks_is_rolled_back_on_click_throug
     assert measured["ctr_judged"] == 1 and measured["ctr_ratio_high"] < 1.0
     assert measured["ctr_ratio"] < measured["ctr_tolerance_ratio"]
     assert measured["canary_impressions"] >= 2_000 and measured["baseline_impressions"] >= 2_000
-    # not judged slower: the latency interval lies wholly inside the tolerance. (It asserted the
-    # interval covers x1.00, which a 95 % interval misses by design in some runs, and reversing
-    # the scores is not free: a fresh clone failed on x1.0032-high.)
-    assert measured["latency_ratio_high"] < measured["latency_tolerance_ratio"]
+    # not judged slower: the latency interval's low end is under the tolerance, so the latency
+    # rule had no case against the canary (with a reason above naming only click-through).
+    # Not "wholly inside": the click-through rule often ends the step in its first window, and
+    # the gate never promises a latency pass there. On a loaded host one window's latency
+    # interval is wider than the tolerance (a two-process fresh clone: x1.29-high against x1.20,
+    # rolled back on click-through after 12 s). Before that it asserted the interval covers
+    # x1.00, which a 95 % interval misses by design in some runs.
+    assert measured["latency_ratio_low"] < measured["latency_tolerance_ratio"]
     assert measured["canary_p95_ms"] < 300
     assert open_store(get_settings()).get_alias("champion") == fleet.versions["v2"]
     assert fleet.canary() == {None} and fleet.stable() == {fleet.versions["v2"]}
