@@ -50,10 +50,10 @@ SHARED_UNITS = {
 # The longest units go first (each several minutes, in the last fresh-clone run's durations), so
 # neither process is left running one alone at the end; the rest follow in collection order.
 LONGEST_FIRST = (
-    "integration/test_deployments_e2e.py",
-    "integration/test_ui_browser.py",
-    "integration/test_release_scenarios.py",
-    "integration/test_bench_smoke.py",
+    "tests/integration/test_deployments_e2e.py",
+    "tests/integration/test_ui_browser.py",
+    "tests/integration/test_release_scenarios.py",
+    "tests/integration/test_bench_smoke.py",
 )
 _COLLECTED = pytest.StashKey[int]()
 
@@ -65,9 +65,14 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     item.stash[_COLLECTED] = next(_collection_order)
 
 
+def _where(item: pytest.Item) -> str:
+    """The item's file as its node id starts: tests/<tier>/test_x.py."""
+    return Path(str(item.path)).relative_to(TESTS.parent).as_posix()
+
+
 def _tier(item: pytest.Item) -> str:
-    parts = Path(str(item.path)).relative_to(TESTS).parts
-    return parts[0] if len(parts) > 1 else ""
+    parts = _where(item).split("/")
+    return parts[1] if len(parts) > 2 else ""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -83,7 +88,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def key(item: pytest.Item) -> tuple[int, int, int]:
         tier = _tier(item)
         within = shuffled[id(item)] if tier in SHUFFLED_TIERS else item.stash.get(_COLLECTED, 0)
-        where = Path(str(item.path)).relative_to(TESTS).as_posix()
+        where = _where(item)
         first = in_xdist and where in LONGEST_FIRST
         rank = LONGEST_FIRST.index(where) if first else len(LONGEST_FIRST)
         return rank, first_of[tier], within
