@@ -27,6 +27,12 @@ os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="relay-test-prefect-")
 os.environ.pop("PREFECT_API_URL", None)  # flow tests use the harness, never a developer's server
 for _name in [n for n in os.environ if n.startswith("RELAY_")]:
     del os.environ[_name]  # `make` exports the local stack's settings; tests make their own
+# One OpenMP thread per process, before anything imports torch; the suite's servers, workers and
+# flow runs inherit it. The suite's models are small: training the fixture's model (30k events)
+# took 1.98 s on one thread and 2.09 s on torch's default two, alone; with both cores busy (as the
+# other xdist process keeps them) 2.81 s against 3.65-4.48 s, and 1.96 against 3.0-3.3 CPU
+# seconds, the second thread spinning for a core it does not get.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 from relay.settings import Settings, get_settings  # noqa: E402
 
