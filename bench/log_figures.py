@@ -24,15 +24,33 @@ def cpu_seconds(pid: int) -> float:
     A worker's children are its log segmenter (`logstore.segmenter`): its CPU is the worker's
     logging cost, moved off the serving threads, not saved.
     """
-    total = 0.0
-    for p in (pid, *children(pid)):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except FileNotFoundError:  # a child that exited meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(cpu_by_part(pid).values())
+
+
+# Where a worker's CPU goes: its event loop (the main thread: HTTP, decoding, routing, the
+# request row written ahead), its other threads (engine calls and the impressions records built
+# on them, the log writers' rotations; threads that have exited included), and its children
+# (the log segmenter). Logging's cost shows as the difference from the logging-off worker, part
+# by part.
+CPU_PARTS = ("event_loop", "worker_threads", "children")
+
+
+def cpu_by_part(pid: int) -> dict[str, float]:
+    """CPU seconds so far of process `pid`, by CPU_PARTS; 0.0 for a part that cannot be read."""
+    whole = _stat_seconds(f"/proc/{pid}/stat")
+    loop = _stat_seconds(f"/proc/{pid}/task/{pid}/stat")
+    kids = sum(_stat_seconds(f"/proc/{c}/stat") for c in children(pid))
+    return {"event_loop": loop, "worker_threads": max(whole - loop, 0.0), "children": kids}
+
+
+def _stat_seconds(path: str) -> float:
+    """User + system seconds from a /proc stat file; 0.0 if it is gone (it exited meanwhile)."""
+    try:
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:
@@ -95,7 +113,9 @@ def ingest_figures(spool_dir: Path, dsn: str) -> dict[str, Any]:
     }
 
 
-def cpu_figures(cpu_s: float, answered: int, wall_s: float) -> dict[str, float]:
+def cpu_figures(
+    cpu_s: float, answered: int, wall_s: float, by_part: dict[str, float] | None = None
+) -> dict[str, Any]:
     """A server's CPU per answered request and its CPU share, over one window.
 
     Both are over the same window (warm-up included), so the answers they divide by are the
@@ -103,13 +123,18 @@ def cpu_figures(cpu_s: float, answered: int, wall_s: float) -> dict[str, float]:
     runnable threads than cores the scheduler sets it, thread by thread, not the server's
     efficiency, and throughput follows it (see docs/benchmarks.md).
     """
-    return {
+    figures: dict[str, Any] = {
         "cpu_us_per_request": round(cpu_s / max(answered, 1) * 1e6, 1),
         "cpu_share": round(cpu_s / wall_s, 3) if wall_s > 0 else 0.0,
     }
+    if by_part is not None:  # the same, split by CPU_PARTS
+        figures["cpu_us_per_request_by_part"] = {
+            part: round(s / max(answered, 1) * 1e6, 1) for part, s in by_part.items()
+        }
+    return figures
 
 
-def log_cost_ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+def log_cost_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Logging on over logging off, paired round by round, each with its median.
 
     Paired: each round's ratio is of two scenarios measured moments apart, so drift in the
@@ -134,7 +159,24 @@ def log_cost_ratios(rounds: dict[str, list[dict[str, float]]]) -> dict[str, Any]
         c = a["cpu_us_per_request"]
         return n["cpu_us_per_request"] / c if c else None
 
+    def extra_cpu(name: str) -> dict[str, float] | None:
+        """Median over rounds of the CPU per request `name` spends beyond logging off, by part."""
+        pairs = [
+            (a["cpu_us_per_request_by_part"], n["cpu_us_per_request_by_part"])
+            for a, n in zip(rounds[name], nolog, strict=True)
+            if "cpu_us_per_request_by_part" in a and "cpu_us_per_request_by_part" in n
+        ]
+        if not pairs:
+            return None
+        return {
+            part: round(statistics.median(a[part] - n[part] for a, n in pairs), 1)
+            for part in CPU_PARTS
+        }
+
     return {
+        "log_cpu_us_per_request_by_part": {
+            name: extra_cpu(name) for name in ("worker", "worker_requests_only")
+        },
         **paired("worker", "rps", rps),
         **paired("worker_requests_only", "rps", rps),
         **paired("worker_segmenter_thread", "rps", rps),

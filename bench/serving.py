@@ -67,8 +67,8 @@ from bench.load import (  # re-exported: bench.chaos and others load through the
 )
 from bench.log_figures import (
     backpressure_rejections,
+    cpu_by_part,
     cpu_figures,
-    cpu_seconds,
     ingest_figures,
     log_cost_ratios,
     logged_rows,
@@ -182,7 +182,7 @@ def measure(
     docs: list[dict[str, Any]],
     args: argparse.Namespace,
     rate: float | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """One closed-loop (or, with `rate`, open-loop) measurement of one scenario.
 
     Closed loops also report the server's CPU per answered request and its CPU share (CPU
@@ -195,10 +195,11 @@ def measure(
         figures.pop("answered_all")
         return figures
     pid = server.process.pid
-    cpu0, rows0, t0 = cpu_seconds(pid), logged_rows(server.http_url) if logs else 0.0, time.time()
+    cpu0, rows0, t0 = cpu_by_part(pid), logged_rows(server.http_url) if logs else 0.0, time.time()
     figures = _load(scenario, server, docs, args, rate)
-    cpu1, t1 = cpu_seconds(pid), time.time()
-    figures.update(cpu_figures(cpu1 - cpu0, figures.pop("answered_all"), t1 - t0))
+    cpu1, t1 = cpu_by_part(pid), time.time()
+    spent = {part: cpu1[part] - cpu0[part] for part in cpu0}
+    figures.update(cpu_figures(sum(spent.values()), int(figures.pop("answered_all")), t1 - t0, spent))
     if logs:
         figures["write_rows_s"] = round((logged_rows(server.http_url) - rows0) / (t1 - t0), 1)
     return figures
@@ -316,7 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         store, manifest = resolve_version(args.version, home, args.train_events)
         servers = start_servers(stack, home, store, manifest)
         server_of = {s: servers["worker" if s == "worker_binary" else s] for s in SCENARIOS}
-        rounds: dict[str, list[dict[str, float]]] = {s: [] for s in SCENARIOS}
+        rounds: dict[str, list[dict[str, Any]]] = {s: [] for s in SCENARIOS}
         for r in range(args.rounds):  # interleaved, so drift on a shared host hits all alike
             # and rotated, so no scenario always follows the same one
             for scenario in SCENARIOS[r % len(SCENARIOS) :] + SCENARIOS[: r % len(SCENARIOS)]:

@@ -4,11 +4,15 @@ logging-on over logging-off ratios, paired round by round and with the CPU share
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 import time
+from typing import Any
 
 import pytest
 
-from bench.log_figures import cpu_figures, cpu_seconds, log_cost_ratios
+from bench.log_figures import cpu_by_part, cpu_figures, cpu_seconds, log_cost_ratios
 
 
 def test_cpu_figures_divide_one_windows_cpu_by_that_windows_answers_and_wall_time():
@@ -74,6 +78,65 @@ def test_cpu_seconds_of_this_process_grow_with_the_work_it_does():
     while cpu_seconds(os.getpid()) < deadline and time.monotonic() < give_up:
         sum(range(10_000))
     assert cpu_seconds(os.getpid()) >= deadline
+
+
+def _busy(seconds_of_cpu: float, read: Any) -> None:
+    """Spin until `read()` (CPU seconds of one part) has grown by `seconds_of_cpu`, or 60 s pass."""
+    deadline, give_up = read() + seconds_of_cpu, time.monotonic() + 60
+    while read() < deadline and time.monotonic() < give_up:
+        sum(range(10_000))
+
+
+def test_cpu_by_part_books_a_worker_thread_apart_from_the_event_loop_and_children_apart():
+    pid = os.getpid()
+    before = cpu_by_part(pid)
+    spinner = threading.Thread(target=_busy, args=(0.3, lambda: cpu_by_part(pid)["worker_threads"]))
+    spinner.start()
+    spinner.join()
+    after_thread = cpu_by_part(pid)
+    assert after_thread["worker_threads"] - before["worker_threads"] >= 0.3
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\ntime.sleep(30)",
+        ]
+    )
+    try:
+        give_up = time.monotonic() + 60
+        while cpu_by_part(pid)["children"] < 0.28 and time.monotonic() < give_up:
+            time.sleep(0.05)
+        after_child = cpu_by_part(pid)
+        whole = cpu_seconds(pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert after_child["children"] >= 0.28  # the child's own CPU, read while it lives
+    # the main thread waited meanwhile: what the spinner and child used is not booked to it
+    assert after_child["event_loop"] - before["event_loop"] < 0.25
+    assert sum(after_child.values()) == pytest.approx(whole, abs=0.05)  # the parts make the whole
+
+
+def test_log_cost_by_part_is_each_rounds_difference_from_logging_off_its_median_taken():
+    def r(rps: float, loop: float, threads: float, kids: float) -> dict[str, Any]:
+        by_part = {"event_loop": loop, "worker_threads": threads, "children": kids}
+        return {**_round(rps, loop + threads + kids), "cpu_us_per_request_by_part": by_part}
+
+    rounds = {
+        "worker": [r(900, 260, 45, 30), r(950, 250, 40, 28), r(700, 300, 60, 40)],
+        "worker_requests_only": [r(1000, 262, 35, 7), r(990, 255, 33, 6), r(800, 280, 40, 8)],
+        "worker_segmenter_thread": [r(900, 300, 40, 0), r(900, 300, 40, 0), r(900, 300, 40, 0)],
+        "worker_nolog": [r(1000, 258, 35, 0), r(1000, 252, 32, 0), r(800, 290, 50, 0)],
+    }
+    extra = log_cost_ratios(rounds)["log_cpu_us_per_request_by_part"]
+    # worker: loop +2, -2, +10 -> 2; threads +10, +8, +10 -> 10; children 30, 28, 40 -> 30
+    assert extra["worker"] == {"event_loop": 2.0, "worker_threads": 10.0, "children": 30.0}
+    assert extra["worker_requests_only"] == {
+        "event_loop": 3.0,
+        "worker_threads": 0.0,
+        "children": 7.0,
+    }
 
 
 def test_the_p95_target_counts_only_where_the_logging_off_worker_had_headroom():
