@@ -199,7 +199,9 @@ def measure(
     figures = _load(scenario, server, docs, args, rate)
     cpu1, t1 = cpu_by_part(pid), time.time()
     spent = {part: cpu1[part] - cpu0[part] for part in cpu0}
-    figures.update(cpu_figures(sum(spent.values()), int(figures.pop("answered_all")), t1 - t0, spent))
+    figures.update(
+        cpu_figures(sum(spent.values()), int(figures.pop("answered_all")), t1 - t0, spent)
+    )
     if logs:
         figures["write_rows_s"] = round((logged_rows(server.http_url) - rows0) / (t1 - t0), 1)
     return figures
