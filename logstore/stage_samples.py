@@ -25,12 +25,20 @@ STAGE_COLUMNS = (
     "latency_ms",
 )
 AHEAD = 16  # requests that arrived just before one: the work it queues behind
-RECENT = 64  # arrivals the offered load is measured over
+LOAD_WINDOW_MS = 250  # the offered load is the arrival rate in this window, centred on a request
 
 # Per request, from the whole population in arrival (ts) order, before sampling:
 #   ahead_*   the mean over the AHEAD requests that arrived just before it (its own value for
 #             the first request, which has none);
-#   load_rps  arrivals per second over the last RECENT arrivals, itself included.
+#   load_rps  the other arrivals per second within LOAD_WINDOW_MS centred on its arrival, over
+#             the part of that window inside the population (its ends are cut at the first
+#             and last arrival). A window of fixed *time*, not of a fixed number of arrivals:
+#             arrivals stamped in bunches (the event loop reads what queued while it was busy)
+#             put many stamps within a millisecond, and 64 / (the span of 64 arrivals) then read
+#             four times the offered rate on a slow host (2,042 req/s for 518 offered, measured
+#             2026-12-07). Counting the others in 250 ms averages bunches out and follows the
+#             bench's swinging rate; (count - 1) / span is unbiased for Poisson arrivals seen
+#             from one of them.
 _SAMPLE_SQL = """
 WITH population AS (
     SELECT toFloat64(toUnixTimestamp64Micro(ts)) AS arrived_us, toFloat64(rows) AS rows,
@@ -50,11 +58,14 @@ FROM (
            ifNotFinite(avg(input_bytes) OVER ahead, input_bytes) AS ahead_input_bytes,
            ifNotFinite(avg(preprocess_ms) OVER ahead, preprocess_ms) AS ahead_preprocess_ms,
            ifNotFinite(avg(compute_ms) OVER ahead, compute_ms) AS ahead_compute_ms,
-           (count() OVER recent - 1) * 1e6
-               / greatest(arrived_us - min(arrived_us) OVER recent, 1) AS load_rps
+           (count() OVER near - 1) * 1e6
+               / greatest(least(arrived_us + {half_us:UInt32}, max(arrived_us) OVER ())
+                          - greatest(arrived_us - {half_us:UInt32}, min(arrived_us) OVER ()),
+                          1000) AS load_rps
     FROM population
     WINDOW ahead AS (ORDER BY arrived_us ROWS BETWEEN {ahead:UInt32} PRECEDING AND 1 PRECEDING),
-           recent AS (ORDER BY arrived_us ROWS BETWEEN {recent:UInt32} PRECEDING AND CURRENT ROW)
+           near AS (ORDER BY arrived_us
+                    RANGE BETWEEN {half_us:UInt32} PRECEDING AND {half_us:UInt32} FOLLOWING)
 )
 ORDER BY rand() LIMIT {limit:UInt32}
 """
@@ -86,7 +97,7 @@ def sample_stage_rows(
             "version": version,
             "limit": limit,
             "ahead": AHEAD,
-            "recent": RECENT - 1,
+            "half_us": LOAD_WINDOW_MS * 500,
         },
     )
     rows = result.result_rows

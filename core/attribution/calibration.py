@@ -31,17 +31,24 @@ def synthetic_population(
     load: float = 0.0,
     extra_bytes: float = 0.0,
     rows: tuple[int, int] = (10, 60),
+    contention_ms_per_krps: float = 0.0,
 ) -> pd.DataFrame:
-    """`n` requests from the known SCM; the keyword arguments plant causes."""
+    """`n` requests from the known SCM; the keyword arguments plant causes.
+
+    `contention_ms_per_krps` makes every stage slower by that many ms per 1,000 req/s of offered
+    load, as stages sharing a small host's cores with the traffic are: a load-only change then
+    slows the stages through their unchanged mechanisms.
+    """
     load_rps = rng.normal(1_000, 150, n) + load
+    busy = contention_ms_per_krps * load_rps / 1_000
 
     def request_rows() -> np.ndarray:
         return rng.integers(rows[0], rows[1] + 1, n).astype(float)
 
     def engine(n_rows: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         size = n_rows * 400 + rng.normal(0, 2_000, n) + extra_bytes
-        pre = 0.1 + 0.01 * n_rows + 0.0001 * size + rng.exponential(0.1, n) + preprocess_ms
-        compute = 0.5 + 0.01 * n_rows + 0.2 * batch + rng.exponential(0.2, n) + compute_ms
+        pre = 0.1 + 0.01 * n_rows + 0.0001 * size + rng.exponential(0.1, n) + preprocess_ms + busy
+        compute = 0.5 + 0.01 * n_rows + 0.2 * batch + rng.exponential(0.2, n) + compute_ms + busy
         return size, pre, compute
 
     n_rows, ahead_rows = request_rows(), np.mean([request_rows() for _ in range(4)], axis=0)
@@ -53,7 +60,7 @@ def synthetic_population(
         + QUEUE_PER_ENGINE_MS * (ahead_pre + ahead_compute)
         + rng.exponential(0.3, n)
     )
-    post = 0.05 + rng.exponential(0.05, n)
+    post = 0.05 + rng.exponential(0.05, n) + busy
     latency = queue + pre + compute + post + rng.exponential(0.02, n)
     columns = {
         "load_rps": load_rps,

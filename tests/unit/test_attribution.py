@@ -54,6 +54,20 @@ def test_slower_inputs_are_named_as_the_inputs_not_the_stage_they_slow() -> None
     assert abs(preprocess.share) < 0.1  # the stage got slower, its mechanism did not change
 
 
+def test_more_traffic_on_shared_cores_is_named_as_load_not_as_the_stages_it_slows() -> None:
+    # Every stage costs 2 ms more per 1,000 req/s (CPU contention); only the load changes.
+    # Each stage's mechanism given the load is the same before and after, so load owns the
+    # change. Before load was a parent of the stages, each stage took 17-19 % of this change
+    # as a mechanism of its own, and load 45 %.
+    before = draw(17, contention_ms_per_krps=2.0)
+    result = attribute_latency(before, draw(18, load=800.0, contention_ms_per_krps=2.0))
+    assert result.top_causes == ("load_rps",), result.statement
+    assert result.contributions[0].share_low >= 0.8, result.statement
+    for stage in ("preprocess_ms", "compute_ms", "postprocess_ms"):
+        share = next(c for c in result.contributions if c.cause == stage).share
+        assert abs(share) < 0.05, result.statement
+
+
 def test_two_simultaneous_causes_are_both_named_each_share_in_its_interval() -> None:
     # Compute and preprocess both +1 ms, both also queue others 0.8 ms: half each, by symmetry.
     result = attribute_latency(BEFORE, draw(8, compute_ms=1.0, preprocess_ms=1.0))
