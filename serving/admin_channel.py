@@ -303,4 +303,4 @@ def _address(key: tuple[str, int]) -> tuple[str, int]:
     """IPv4 address of a worker (resolved each time: a worker's host may move)."""
     host, port = key
     info = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
-    return info[0][4][0], port
+    return str(info[0][4][0]), port

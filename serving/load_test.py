@@ -119,6 +119,9 @@ async def run_round(
 ) -> RoundResult:
     """Offer `rate` requests/s for `seconds` to the worker at `url` over `connections`."""
     parts = urlsplit(url)
+    host, port = parts.hostname, parts.port
+    if host is None or port is None:
+        raise ValueError(f"{url!r} names no host and port")
     loop = asyncio.get_running_loop()
     result = RoundResult(rate, seconds)
     idle: deque[HttpConnection] = deque()
@@ -146,9 +149,7 @@ async def run_round(
 
     conns = []
     for _ in range(connections):
-        _, conn = await loop.create_connection(
-            lambda: HttpConnection(on_done), parts.hostname, parts.port
-        )
+        _, conn = await loop.create_connection(lambda: HttpConnection(on_done), host, port)
         conns.append(conn)
     idle.extend(conns)
     t0 = time.perf_counter()

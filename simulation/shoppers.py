@@ -29,7 +29,7 @@ class ShopperBehaviour:
     order_rate: float = 0.1  # P(order | click)
 
 
-def shown_ranks(scores: Sequence[float]) -> np.ndarray:
+def shown_ranks(scores: Sequence[float] | np.ndarray) -> np.ndarray:
     """1-based rank of each candidate by score, ties in request order (as the worker ranks)."""
     values = np.asarray(scores, dtype=np.float64)
     rank = np.empty(len(values), dtype=np.int64)
@@ -38,7 +38,7 @@ def shown_ranks(scores: Sequence[float]) -> np.ndarray:
 
 
 def click_probabilities(
-    population: Population, body: dict[str, Any], scores: Sequence[float]
+    population: Population, body: dict[str, Any], scores: Sequence[float] | np.ndarray
 ) -> np.ndarray:
     """The ground-truth P(click) of each candidate at the position its score put it."""
     candidates = body["candidates"]

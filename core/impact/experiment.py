@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -112,7 +113,7 @@ def estimate_metric(
     spec: MetricSpec, canary: CohortMoments, baseline: CohortMoments, options: ExperimentOptions
 ) -> MetricEffect:
     """One metric's CUPED-adjusted effect with intervals and MDE, or why it is not measured."""
-    base = {"key": spec.key, "label": spec.label, "unit": spec.unit}
+    base: dict[str, Any] = {"key": spec.key, "label": spec.label, "unit": spec.unit}
     for cohort in (canary, baseline):
         if cohort.sums[spec.denominator] <= 0:
             what = "impressions" if spec.denominator == "impressions" else spec.denominator
@@ -153,10 +154,11 @@ def estimate_metric(
     z = float(stats.norm.ppf(0.5 + options.confidence / 2))
     mde = (z + float(stats.norm.ppf(options.power))) * se
     p = float(2 * stats.norm.sf(abs(effect) / se)) if se > 0 else (1.0 if effect == 0 else 0.0)
-    relative = rel_se = rel_mde = None
+    relative = rel_low = rel_high = rel_mde = None
     if adj_b != 0:
         relative = adj_c / adj_b - 1
         rel_se = math.sqrt(v_c / adj_b**2 + adj_c**2 * v_b / adj_b**4)
+        rel_low, rel_high = relative - z * rel_se, relative + z * rel_se
         rel_mde = mde / abs(adj_b)
     return MetricEffect(
         **base,
@@ -165,8 +167,7 @@ def estimate_metric(
         canary_mean=ratios[0], baseline_mean=ratios[1], effect=effect,
         ci_low=effect - z * se, ci_high=effect + z * se,
         relative=relative,
-        relative_ci_low=None if relative is None else relative - z * rel_se,
-        relative_ci_high=None if relative is None else relative + z * rel_se,
+        relative_ci_low=rel_low, relative_ci_high=rel_high,
         p_value=p, mde=mde, relative_mde=rel_mde,
         raw_effect=ratios[0] - ratios[1], raw_std_error=math.sqrt(raw_var), std_error=se,
         theta=[float(t) for t in theta],

@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from relay.types import Stored
 
@@ -63,8 +63,10 @@ class ExperimentFinding(StrEnum):
     effect_detected = "effect_detected"
 
 
-class ExperimentOptions(Stored, frozen=True):
+class ExperimentOptions(Stored):
     """Knobs of the estimate. The one home of their defaults."""
+
+    model_config = ConfigDict(frozen=True)  # merged with Stored's
 
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     power: float = Field(default=0.8, gt=0.5, lt=1.0)
