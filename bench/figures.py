@@ -102,7 +102,7 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
         "worker_binary_rps",
         "worker_nolog_rps",
         "worker_requests_only_rps",
-        "worker_segmenter_thread_rps",
+        "worker_segmenter_process_rps",
         "worker_tracing_rps",
         "worker_notrace_rps",
         "write_rows_s",
@@ -118,8 +118,8 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
     if "worker_segments_by" in d:
         by = d["worker_segments_by"]
         yield (
-            f"worker's segments: by its segmenter {_num(by['segmenter'])}, "
-            f"by its writer's thread {_num(by['writer'])}"
+            f"worker's segments: copied as records {_num(by.get('copy', 0))}, "
+            f"by its segmenter {_num(by['segmenter'])}, by its writer's thread {_num(by['writer'])}"
         )
     if "mirror_p95_cost" in d:  # the same measurement as serving_mirror.json's, in this run
         yield "mirror: " + _mirror_cost(d)

@@ -81,6 +81,18 @@ def logged_rows(url: str) -> float:
     )
 
 
+def spool_bytes_per_row(spool: Path, url: str) -> float | None:
+    """Bytes on disk per log row the worker wrote out, over every table's spooled segments.
+
+    Read before anything ingests the spool (bench.serving's workers spool and never ingest).
+    """
+    from logstore.segments import is_segment
+
+    size = sum(p.stat().st_size for p in spool.rglob("*") if p.is_file() and is_segment(p.name))
+    rows = metric_sum(httpx.get(f"{url}/metrics", timeout=10).text, "relay_log_written_rows_total")
+    return round(size / rows, 1) if rows else None
+
+
 def backpressure_rejections(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return metric_sum(text, "relay_log_backpressure_rejections_total")
@@ -179,15 +191,15 @@ def log_cost_ratios(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         },
         **paired("worker", "rps", rps),
         **paired("worker_requests_only", "rps", rps),
-        **paired("worker_segmenter_thread", "rps", rps),
+        **paired("worker_segmenter_process", "rps", rps),
         **paired("worker", "rps_per_cpu", per_cpu),
     }
 
 
 def segments_by(url: str) -> dict[str, float]:
-    """Spool segments a worker wrote so far (every table), by the segmenter or the writer's thread."""
+    """Spool segments a worker wrote so far (every table): copied, by the segmenter, by the writer."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = {"segmenter": 0.0, "writer": 0.0}
+    found = {"copy": 0.0, "segmenter": 0.0, "writer": 0.0}
     for line in text.splitlines():
         if line.startswith("relay_log_segments_total{"):
             for by in found:

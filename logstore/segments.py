@@ -14,10 +14,17 @@ renamed, so it appears whole or not at all. Arrow IPC is a copy of the columns' 
 it costs a memcpy and LZ4, where Parquet's encoders cost ~20x more CPU on the worker's own
 core (4.2 against 0.22 ms per 4,000 impressions rows, measured with `time.thread_time`).
 Segments that older workers wrote as Parquet are still read and ingested.
+
+A *records* segment (`.records`, RELAY_SERVING_LOG_SEGMENTER=copy, the default) is a sealed
+write-ahead file's records byte for byte: the serving worker copies them in the kernel
+(`copy_segment`: copy_file_range, no GIL held, no Arrow call), fsyncs and renames, and whoever
+ingests decodes them (`read_segment`) off the serving path. It is larger on disk than an LZ4
+segment; the worker's CPU per request is what it saves (bench.serving, docs/serving.md).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import logging
@@ -41,8 +48,9 @@ log = logging.getLogger("logstore.spool")  # one logger for the whole durable lo
 
 TABLE = "inference_logs"
 SEGMENT_SUFFIX = ".arrow"
+RECORDS_SEGMENT_SUFFIX = ".records"  # a sealed write-ahead file's records, as they were written
 LEGACY_SEGMENT_SUFFIX = ".parquet"  # what workers before the columnar log path wrote
-SEGMENT_SUFFIXES = (SEGMENT_SUFFIX, LEGACY_SEGMENT_SUFFIX)
+SEGMENT_SUFFIXES = (SEGMENT_SUFFIX, RECORDS_SEGMENT_SUFFIX, LEGACY_SEGMENT_SUFFIX)
 INGESTING_SUFFIX = ".ingesting"
 WAL_SUFFIX = ".wal"
 INSERTING_SUFFIX = ".inserting"  # after WAL_SUFFIX: its rows were handed to a server INSERT
@@ -257,6 +265,8 @@ def read_segment(path: Path, table: LogTable = INFERENCE_LOGS) -> pa.Table:
     """A segment as a `table` table; columns it predates are filled with their defaults."""
     if LEGACY_SEGMENT_SUFFIX in path.name:
         found = pq.read_table(path, schema=table.schema)
+    elif RECORDS_SEGMENT_SUFFIX in path.name:
+        found = _records_table(path, table)
     else:
         with pa.OSFile(str(path), "rb") as f:
             found = ipc.open_file(f).read_all()
@@ -269,6 +279,53 @@ def read_segment(path: Path, table: LogTable = INFERENCE_LOGS) -> pa.Table:
             filled = pc.fill_null(column, pa.scalar(default, table.schema.field(name).type))
             found = found.set_column(found.schema.get_field_index(name), name, filled)
     return found
+
+
+def _records_table(path: Path, table: LogTable) -> pa.Table:
+    """A records segment's rows. Its records were whole when copied, so a torn or undecodable
+    byte is a bug or a damaged disk: it raises, naming the segment, and is never dropped."""
+    rows, parts, torn = decode_records(path.read_bytes(), table)
+    if torn:
+        raise ValueError(f"records segment {path}: {torn} bytes of its records do not decode")
+    return segment_table(rows, parts, table)
+
+
+def copy_segment(directory: Path, name: str, fd: int, length: int) -> Path:
+    """The first `length` bytes of the file behind `fd` as the segment `directory/name`.
+
+    As `write_segment`: a locked temporary name, fsync, rename, whole or not at all. The bytes
+    move inside the kernel (copy_file_range), so the calling thread holds no GIL meanwhile.
+    """
+    final = directory / name
+    tmp = directory / f"{wal.CREATING_PREFIX}{name}"
+    try:
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            _copy_range(fd, out, length)
+            os.fsync(out)
+            os.replace(tmp, final)  # still locked: the lock is dropped when the file closes
+        finally:
+            os.close(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(directory)
+    return final
+
+
+def _copy_range(src: int, dst: int, length: int) -> None:
+    done = 0
+    while done < length:
+        try:
+            n = os.copy_file_range(src, dst, length - done, done, done)
+        except OSError as exc:  # a kernel or file system without it: copy through memory
+            if exc.errno not in (errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            chunk = os.pread(src, length - done, done)
+            n = os.pwrite(dst, chunk, done) if chunk else 0
+        if n == 0:
+            raise OSError(errno.EIO, f"the source ends after {done} of its {length} bytes")
+        done += n
 
 
 def _with_later_columns(found: pa.Table, table: LogTable) -> pa.Table:

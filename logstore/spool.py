@@ -53,6 +53,7 @@ from logstore.segments import (
     INGESTING_SUFFIX,
     INSERTING_SUFFIX,
     LATER_COLUMNS,
+    RECORDS_SEGMENT_SUFFIX,
     SCHEMA,
     SEGMENT_SUFFIX,
     TABLE,
@@ -60,6 +61,7 @@ from logstore.segments import (
     LogRow,
     SpoolBacklog,
     SpoolWriter,
+    copy_segment,
     decode_rows,
     decode_table,
     encode_columns,
@@ -77,6 +79,7 @@ __all__ = [  # the log path's names, importable from here as before the split
     "INGESTING_SUFFIX",
     "INSERTING_SUFFIX",
     "LATER_COLUMNS",
+    "RECORDS_SEGMENT_SUFFIX",
     "SCHEMA",
     "SEGMENT_SUFFIX",
     "TABLE",
@@ -119,8 +122,9 @@ class WriterStats:
     insert_failures: int = 0
     spool_failures: int = 0
     wal_failures: int = 0  # rows the write-ahead file could not take (kept in memory)
-    segments_by_segmenter: int = 0  # spool segments the segmenter process wrote
-    segments_by_writer: int = 0  # ... the writer's own thread wrote (no segmenter, or behind)
+    segments_copied: int = 0  # spool segments copied from their write-ahead files as records
+    segments_by_segmenter: int = 0  # ... the segmenter process wrote
+    segments_by_writer: int = 0  # ... the writer's own thread encoded (no other way, or behind)
 
 
 @dataclass
@@ -166,8 +170,10 @@ class RequestLogWriter:
         batch_rows: int,
         sync_each_record: bool = False,
         segmenter: Segmenter | None = None,
+        copy_segments: bool = False,
     ) -> None:
         self.spool = spool
+        self._copy_segments = copy_segments  # RELAY_SERVING_LOG_SEGMENTER=copy
         self._segmenter = segmenter  # RELAY_SERVING_LOG_SEGMENTER=process
         self._sync_each_record = sync_each_record  # RELAY_SERVING_LOG_FSYNC=request
         self._connect_server = connect_server
@@ -378,7 +384,7 @@ class RequestLogWriter:
                 except Exception as exc:  # the batch is in: never write it again
                     self._mark_down(exc)
                 return
-        if self._segmented(batch, behind):
+        if self._copied(batch) or self._segmented(batch, behind):
             return
         try:
             self.spool.write(batch.stored(self.spool.table), batch.segment_id)
@@ -390,6 +396,28 @@ class RequestLogWriter:
         self._done(batch)
         self.stats.rows_spooled += batch.count
         self.stats.segments_by_writer += 1
+
+    def _copied(self, batch: _Batch) -> bool:
+        """Whether the batch's write-ahead file was copied, records as they are, into a segment.
+
+        The kernel moves the bytes and the thread holds no GIL meanwhile; decoding them is left
+        to whoever ingests (`logstore.segments.read_segment`). Rows in memory only (no file)
+        are encoded here instead.
+        """
+        held = batch.wal
+        if not self._copy_segments or held is None:
+            return False
+        name = f"{batch.segment_id}{RECORDS_SEGMENT_SUFFIX}"
+        try:
+            final = copy_segment(self.spool.dir, name, held.fd, held.used)
+        except OSError:
+            self.stats.spool_failures += 1
+            raise  # the file and its rows stay; flush() keeps the batch for the next try
+        self.spool.added(final)
+        self._done(batch)
+        self.stats.rows_spooled += batch.count
+        self.stats.segments_copied += 1
+        return True
 
     def _segmented(self, batch: _Batch, behind: int) -> bool:
         """Whether the segmenter process wrote the batch's segment from its write-ahead file."""

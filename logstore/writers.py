@@ -48,4 +48,5 @@ def log_writer_for(settings: Settings, table: LogTable, prefix: str) -> RequestL
         batch_rows=settings.serving_log_batch_rows,
         sync_each_record=settings.serving_log_fsync == "request",
         segmenter=shared_segmenter() if settings.serving_log_segmenter == "process" else None,
+        copy_segments=settings.serving_log_segmenter == "copy",
     )

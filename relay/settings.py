@@ -117,12 +117,15 @@ class Settings(BaseSettings):
         "answer is sent, so nothing answered is lost to a power loss either, at a cost measured "
         "by bench.chaos (`fsync_cost`).",
     )
-    serving_log_segmenter: Literal["process", "thread"] = Field(
-        default="process",
-        description="Where a rotated write-ahead file becomes a spool segment. `process`: a "
-        "low-priority sibling process per worker (logstore.segmenter), so the conversion never "
-        "holds the worker's GIL while requests wait; the worker writes a segment itself only if "
-        "the segmenter fails. `thread`: the worker's own log-writer thread, as before.",
+    serving_log_segmenter: Literal["copy", "process", "thread"] = Field(
+        default="copy",
+        description="Where a rotated write-ahead file becomes a spool segment. `copy`: the "
+        "file's records are copied as they are into a `.records` segment by the kernel "
+        "(copy_file_range), with no Arrow work on the serving host's CPU; whoever ingests "
+        "decodes them. `process`: a low-priority sibling process per worker (logstore.segmenter) "
+        "encodes an LZ4 Arrow segment, smaller on disk; the worker writes it itself "
+        "only if the segmenter fails or falls behind. `thread`: the worker's own log-writer "
+        "thread encodes it.",
     )
     serving_request_log: bool = Field(
         default=True,

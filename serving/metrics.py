@@ -57,7 +57,7 @@ class WorkerSnapshot:
     log_pending_limit: int = 0  # over it, predict requests are refused
     log_backpressure_rejections: int = 0
     log_written_rows: dict[str, int] = field(default_factory=dict)  # table -> rows out
-    # (table, "segmenter" | "writer") -> spool segments written there
+    # (table, "copy" | "segmenter" | "writer") -> spool segments written there
     log_segments: dict[tuple[str, str], int] = field(default_factory=dict)
     spool_over_cap_by_table: dict[str, bool] = field(default_factory=dict)  # table -> over it
     shadow: dict[str, int] = field(default_factory=dict)  # mirrored, dropped, errors
@@ -237,12 +237,14 @@ def _routing_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
 
 
 def _segment_metrics(s: WorkerSnapshot) -> Iterator[Metric]:
-    """Spool segments written, by the segmenter process or the log writer's own thread."""
+    """Spool segments written: copied as records, by the segmenter process, or by the writer."""
     segments = CounterMetricFamily(
         "relay_log_segments",
-        "Spool segments written, by table and by whom: the segmenter process, or the log "
-        "writer's own thread (RELAY_SERVING_LOG_SEGMENTER=thread, a failed segmenter, or one "
-        "that fell behind).",
+        "Spool segments written, by table and by how: `copy` (the write-ahead file's records "
+        "copied as they are, RELAY_SERVING_LOG_SEGMENTER=copy), `segmenter` (encoded by the "
+        "segmenter process) or `writer` (encoded on the log writer's own thread: "
+        "RELAY_SERVING_LOG_SEGMENTER=thread, rows with no write-ahead file, a failed segmenter, "
+        "or one that fell behind).",
         labels=["table", "by"],
     )
     for (table, by), n in s.log_segments.items():

@@ -112,6 +112,7 @@ def worker_snapshot(worker: Worker) -> WorkerSnapshot:
             (w.spool.table.name, by): n
             for w in worker.log_writers
             for by, n in (
+                ("copy", w.stats.segments_copied),
                 ("segmenter", w.stats.segments_by_segmenter),
                 ("writer", w.stats.segments_by_writer),
             )

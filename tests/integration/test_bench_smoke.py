@@ -199,12 +199,15 @@ def test_bench_serving_measures_every_scenario(runs):
         "worker_nolog",
         "worker_requests_only",
         "worker",
-        "worker_segmenter_thread",
+        "worker_segmenter_process",
     }
     assert figures["write_rows_s"] > 0 and figures["ingest_rows_s"] > 0
     # every row the worker spooled was ingested, and is in the tables
     assert figures["ingest_rows_by_table"] == figures["ingest_landed_rows_by_table"]
     assert figures["ingest_rows_by_table"]["impressions"] > 0
+    # the default worker copies its write-ahead records into segments, the comparison encodes
+    assert figures["worker_segments_by"]["copy"] > 0
+    assert all(v > 0 for v in figures["spool_bytes_per_row"].values())
     assert figures["mirror_p95_ms_by_mode"]["on"] > 0 and figures["mirror_counts"]["mirrored"] > 0
 
 

@@ -36,14 +36,14 @@ def test_log_cost_ratios_pair_each_round_so_a_busy_round_of_one_mode_cannot_skew
     rounds = {
         "worker": [_round(1000, 300), _round(1100, 250), _round(400, 320)],
         "worker_requests_only": [_round(1000, 220), _round(900, 230), _round(450, 240)],
-        "worker_segmenter_thread": [_round(900, 320), _round(1000, 260), _round(380, 330)],
+        "worker_segmenter_process": [_round(900, 320), _round(1000, 260), _round(380, 330)],
         "worker_nolog": [_round(1020, 210), _round(500, 200), _round(420, 224)],
     }
     r = log_cost_ratios(rounds)
     assert r["worker_over_nolog_rps_rounds"] == [0.98, 2.2, 0.952]
     assert r["worker_over_nolog_rps"] == 0.98
     assert r["worker_requests_only_over_nolog_rps"] == pytest.approx(1.071, abs=1e-3)
-    assert r["worker_segmenter_thread_over_nolog_rps_rounds"] == [0.882, 2.0, 0.905]
+    assert r["worker_segmenter_process_over_nolog_rps_rounds"] == [0.882, 2.0, 0.905]
 
 
 def test_a_worker_given_more_cpu_but_costlier_per_request_is_slower_per_cpu_second():
@@ -51,7 +51,7 @@ def test_a_worker_given_more_cpu_but_costlier_per_request_is_slower_per_cpu_seco
     rounds = {
         "worker": [_round(1300, 300), _round(1200, 250)],
         "worker_requests_only": [_round(1250, 240), _round(1150, 230)],
-        "worker_segmenter_thread": [_round(1250, 310), _round(1150, 260)],
+        "worker_segmenter_process": [_round(1250, 310), _round(1150, 260)],
         "worker_nolog": [_round(1000, 210), _round(900, 200)],
     }
     r = log_cost_ratios(rounds)
@@ -64,7 +64,7 @@ def test_a_round_with_nothing_answered_or_measured_is_left_out_not_divided_by():
     rounds = {
         "worker": [_round(0, 0.0)],
         "worker_requests_only": [_round(10, 200.0)],
-        "worker_segmenter_thread": [_round(10, 200.0)],
+        "worker_segmenter_process": [_round(10, 200.0)],
         "worker_nolog": [_round(0, 200.0)],
     }
     r = log_cost_ratios(rounds)
@@ -126,7 +126,7 @@ def test_log_cost_by_part_is_each_rounds_difference_from_logging_off_its_median_
     rounds = {
         "worker": [r(900, 260, 45, 30), r(950, 250, 40, 28), r(700, 300, 60, 40)],
         "worker_requests_only": [r(1000, 262, 35, 7), r(990, 255, 33, 6), r(800, 280, 40, 8)],
-        "worker_segmenter_thread": [r(900, 300, 40, 0), r(900, 300, 40, 0), r(900, 300, 40, 0)],
+        "worker_segmenter_process": [r(900, 300, 40, 0), r(900, 300, 40, 0), r(900, 300, 40, 0)],
         "worker_nolog": [r(1000, 258, 35, 0), r(1000, 252, 32, 0), r(800, 290, 50, 0)],
     }
     extra = log_cost_ratios(rounds)["log_cpu_us_per_request_by_part"]
@@ -152,14 +152,14 @@ def test_the_p95_target_counts_only_where_the_logging_off_worker_had_headroom():
         r = {
             **saved,
             "worker_nolog_rps": nolog_rps,
-            "worker_segmenter_thread_rps": 1500.0,
-            "worker_segmenter_thread_over_nolog_rps": 0.7,
+            "worker_segmenter_process_rps": 1500.0,
+            "worker_segmenter_process_over_nolog_rps": 0.7,
         }
         r["p95_at_2000_ms_by_mode"] = {
             "worker_nolog": 10.0,
             "worker_requests_only": 10.5,
             "worker": 11.0,
-            "worker_segmenter_thread": 12.0,
+            "worker_segmenter_process": 12.0,
         }
         (t,) = [t for t in targets(r) if t.name.startswith("p95 at 2000")]
         return t.met, t.target
