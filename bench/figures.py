@@ -117,10 +117,14 @@ def _serving(d: Mapping[str, Any]) -> Iterable[str]:
         yield f"worker's requests refused for log back-pressure {_num(d['log_backpressure_rejections'])}"
     if "worker_segments_by" in d:
         by = d["worker_segments_by"]
+        copied = f"copied as records {_num(by['copy'])}, " if "copy" in by else ""
         yield (
-            f"worker's segments: copied as records {_num(by.get('copy', 0))}, "
-            f"by its segmenter {_num(by['segmenter'])}, by its writer's thread {_num(by['writer'])}"
+            f"worker's segments: {copied}by its segmenter {_num(by['segmenter'])}, "
+            f"by its writer's thread {_num(by['writer'])}"
         )
+    if "spool_bytes_per_row" in d:
+        sizes = ", ".join(f"{m} {_num(v)}" for m, v in d["spool_bytes_per_row"].items())
+        yield f"spool bytes per log row: {sizes}"
     if "mirror_p95_cost" in d:  # the same measurement as serving_mirror.json's, in this run
         yield "mirror: " + _mirror_cost(d)
 
@@ -138,11 +142,25 @@ def _mirror_cost(d: Mapping[str, Any]) -> str:
     """Stable's P95 with the shadow on against off: `mirror_p95_cost` is on / off - 1."""
     by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
     cost = _get(d, "mirror_p95_cost")  # None where the shadow-off P95 was 0
-    rise = NOT_MEASURED if cost is None else f"+{_pct(cost)} (x{1 + float(cost):.2f})"
+    rise = NOT_MEASURED if cost is None else f"{float(cost):+.1%}"
+    interval = d.get("mirror_p95_cost_interval")
+    if "mirror_p95_cost_method" not in d:  # saved before the paired figure
+        return (
+            f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
+            f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on, "
+            f"{rise} (ratio of the modes' median P95s over {config['rounds']} alternating "
+            f"rounds of {_num(config['seconds'])} s; no interval)"
+        )
+    bracket = (
+        "too few rounds for a 95 % interval"
+        if interval is None
+        else f"95 % interval {interval[0]:+.1%} to {interval[1]:+.1%}"
+    )
     return (
         f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
-        f"mirrored: {_num(by_mode['off'])} ms shadow off, {_num(by_mode['on'])} ms on, "
-        f"{rise} (median of {config['rounds']} alternating rounds of {_num(config['seconds'])} s)"
+        f"mirrored: {rise} ({bracket}; median of {config['rounds']} paired rounds of "
+        f"{_num(config['seconds'])} s, each its shadow-on P95 over its shadow-off P95; median "
+        f"P95 {_num(by_mode['off'])} ms off, {_num(by_mode['on'])} ms on)"
     )
 
 

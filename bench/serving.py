@@ -75,6 +75,7 @@ from bench.log_figures import (
     segments_by,
     spool_bytes_per_row,
 )
+from bench.mirror_cost import ROUNDS as MIRROR_ROUNDS
 from bench.mirror_cost import mirror_cost_figures, mirror_worker, run_mirror_only
 from bench.saved import save
 from bench.scratch import scratch_dir
@@ -361,7 +362,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         results.update(log_path_figures(servers, home, docs, args))
         mirrored = mirror_worker(stack, home, store, manifest, SERVER_CPU)
-        results.update(mirror_cost_figures(mirrored, docs, args.p95_rounds, args.sweep_seconds))
+        results.update(mirror_cost_figures(mirrored, docs, args.mirror_rounds, args.sweep_seconds))
         best, points = slo_sweep(servers["worker"], docs, args)
         results["slo_max_sustained_rps_p95_le_300ms"] = best
         results["slo_sweep"] = points
@@ -496,6 +497,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "serving.json")
     parser.add_argument("--mirror-only", action="store_true", help="only mirror_p95_cost")
+    parser.add_argument(
+        "--mirror-rounds", type=int, default=MIRROR_ROUNDS, help="paired shadow off/on rounds"
+    )
     args = parser.parse_args(argv)
     if args.mirror_only:
         return run_mirror_only(args, SERVER_CPU, LOAD_CPU, RESULTS / "serving_mirror.json")

@@ -53,7 +53,7 @@ COMMANDS: dict[str, str] = {
     "store": "--size-mb 8 --rounds 1",
     "serving": "--train-events 4000 --seconds 3 --rounds 1 --warmup 2 --connections 4 "
     "--binary-connections 1 --binary-depth 4 --raw-seconds 0.2 "
-    "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5 --p95-rounds 1",
+    "--sweep-start 50 --sweep-max 60 --sweep-seconds 0.5 --p95-rounds 1 --mirror-rounds 2",
     "rollback": "--workers 2,3 --cycles 2 --rps 20 --events 4000 --renewals 3",
     "impact": "--rows 20000",
     "gpu_check": "--events 4000 --batches 1,16 --seconds 0.01",
