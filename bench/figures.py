@@ -142,7 +142,7 @@ def _mirror_cost(d: Mapping[str, Any]) -> str:
     """Stable's P95 with the shadow on against off: `mirror_p95_cost` is on / off - 1."""
     by_mode, config = _get(d, "mirror_p95_ms_by_mode"), _get(d, "mirror_config")
     cost = _get(d, "mirror_p95_cost")  # None where the shadow-off P95 was 0
-    rise = NOT_MEASURED if cost is None else f"{float(cost):+.1%}"
+    rise = NOT_MEASURED if cost is None else f"+{_pct(cost)} (x{1 + float(cost):.2f})"
     interval = d.get("mirror_p95_cost_interval")
     if "mirror_p95_cost_method" not in d:  # saved before the paired figure
         return (
@@ -154,7 +154,7 @@ def _mirror_cost(d: Mapping[str, Any]) -> str:
     bracket = (
         "too few rounds for a 95 % interval"
         if interval is None
-        else f"95 % interval {interval[0]:+.1%} to {interval[1]:+.1%}"
+        else f"95 % interval {_pct(interval[0])} to {_pct(interval[1])} of stable's P95"
     )
     return (
         f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "

@@ -105,7 +105,17 @@ def test_the_mirror_cost_reads_as_the_rise_it_is_not_as_the_ratio():
     [line] = figures._serving_mirror(saved)
     assert "+153.3 % (x2.53" in line and "41.8 ms shadow off, 105.9 ms on" in line, line
     [unmeasured] = figures._serving_mirror({**saved, "mirror_p95_cost": None})
-    assert "not measured (median of 3" in unmeasured, unmeasured
+    assert "not measured (ratio of the modes' median P95s over 3" in unmeasured, unmeasured
+    paired = {
+        **saved,
+        "mirror_p95_cost": 0.081,
+        "mirror_p95_cost_interval": [-0.02, 0.2],
+        "mirror_p95_cost_method": "median over 8 rounds ...",
+        "mirror_config": {**saved["mirror_config"], "rounds": 8},
+    }
+    [line] = figures._serving_mirror(paired)
+    assert "+8.1 % (x1.08) (95 % interval -2.0 % to 20.0 %" in line, line
+    assert "median of 8 paired rounds" in line, line
     assert figures._gate_mirror(1.5329) == (
         "mirror P95 cost: stable's P95 with the shadow on over off +153.3 % (x2.53) "
         "(serving_mirror.json)"
