@@ -56,6 +56,7 @@ MAX_INJECTED_MS = 60_000.0
 # A cpu-mode request blocks the event loop for its whole burn (health checks, lease renewals and
 # the admin call that would clear it wait behind): a costlier request path, never a frozen worker.
 MAX_CPU_BURN_MS = 50.0
+BURN_WALL_FACTOR = 20.0  # spend_cpu gives up after this many times its burn in wall time
 MAX_SLOWDOWN = 100.0
 # How a slot ranks its answers: by the model's scores, or (to rehearse a version that is fast
 # but serves worse feeds, as a train/serve skew would) its scores reversed or shuffled.
@@ -130,9 +131,17 @@ class Injection:
             asyncio.get_running_loop().call_later(extra, lambda: then(time.perf_counter() - began))
 
     def spend_cpu(self, seconds: float) -> None:
-        """Busy the calling thread for `seconds` of wall time (at most MAX_CPU_BURN_MS), on the CPU."""
-        end = time.perf_counter() + min(seconds, MAX_CPU_BURN_MS / 1000)
-        while time.perf_counter() < end:
+        """Spend `seconds` of the calling thread's own CPU time (at most MAX_CPU_BURN_MS).
+
+        CPU time, not wall time: on a shared core a wall-clock burn spent less CPU the busier
+        the host was, so a planted "costlier request" cost whatever the neighbours left it (a
+        unit test saw 2 ms of CPU in 12 ms of wall). A wall-clock bound of BURN_WALL_FACTOR
+        times the burn ends it on a starved core rather than hold the event loop indefinitely.
+        """
+        burn = min(seconds, MAX_CPU_BURN_MS / 1000)
+        end = time.thread_time() + burn
+        give_up = time.perf_counter() + BURN_WALL_FACTOR * burn + 0.1
+        while time.thread_time() < end and time.perf_counter() < give_up:
             pass
 
     def applies(self, request_id: str) -> bool:

@@ -44,8 +44,8 @@ def test_cpu_mode_delays_each_request_on_the_cpu_not_on_a_timer() -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     injection.spend_cpu(injection.extra_s(0.0))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    # burnt, not slept: a hold uses ~0 CPU; 0.2, not 1, because a busy shared core steals some
-    assert wall >= 0.004 and cpu >= 0.2 * wall
+    # burnt, not slept: 4 ms of this thread's own CPU, however busy the host (a hold uses ~0)
+    assert cpu >= 0.004 and wall >= 0.004
     assert not RoutingTable().with_latency("canary", 4.0).injection("canary").burns
 
 
