@@ -154,7 +154,7 @@ def _mirror_cost(d: Mapping[str, Any]) -> str:
     bracket = (
         "too few rounds for a 95 % interval"
         if interval is None
-        else f"95 % interval {_pct(interval[0])} to {_pct(interval[1])} of stable's P95"
+        else f"95 % interval {_pct(interval[0])} to {_pct(interval[1])}"
     )
     return (
         f"stable's P95 at {_num(config['rate_rps'])} req/s offered, {_pct(config['share'])} "
