@@ -1,8 +1,9 @@
 """Recovery and ingestion of a spool folder: dead writers' files to segments, segments to tables.
 
 Exactly once across crashes, by file names: `<id>.wal` (rows not yet anywhere else),
-`<id>.wal.inserting` (an INSERT of them may have landed), `<id>.arrow` (a finished segment;
-`.parquet` from older workers), `<id>.arrow.ingesting` (claimed by an ingester, or recovered
+`<id>.wal.inserting` (an INSERT of them may have landed), `<id>.arrow` or `<id>.records` (a
+finished segment, encoded or the write-ahead records copied as they are; `.parquet` from older
+workers), `<id>.arrow.ingesting` and the like (claimed by an ingester, or recovered
 from an `.inserting` file: its rows are inserted only if absent). A segment is never ingested
 while a write-ahead file of the same id exists, and a write-ahead file whose segment exists is
 only deleted. A dead worker's files (`recover_wals`, run by every worker at start and before

@@ -4,11 +4,13 @@ On the request path a row costs one record copied into the worker's memory-mappe
 file (`logstore.wal`) before the answer is sent, so a killed worker loses no answered request's
 row; an engine batch's impressions are one columnar record (`append_columns`), written on the
 engine's thread before the batch's answers are delivered. Off the request path, every flush
-interval (or every `batch_rows` rows) the file is rotated: its rows become one immutable Arrow
+interval (or every `batch_rows` rows) the file is rotated: its rows become one immutable
 segment in the spool folder (temp name, fsync, rename) named after the file, and only then is
-the file emptied for reuse. A serving worker hands that conversion to a low-priority sibling
-process (`logstore.segmenter`) so it never holds the worker's GIL; the writer's thread waits
-for it, and writes the segment itself if the segmenter fails, or while it is behind (more than
+the file emptied for reuse. By default (RELAY_SERVING_LOG_SEGMENTER=copy) the segment is the
+file's records copied as they are by the kernel (`copy_segment`), decoded by whoever ingests.
+With `process` a low-priority sibling process (`logstore.segmenter`) encodes an LZ4 Arrow
+segment, so the encoding never holds the worker's GIL; the writer's thread waits for it, and
+writes the segment itself if the segmenter fails, or while it is behind (more than
 SEGMENTER_MAX_BEHIND rotated files waiting: at saturation a niced process on a busy core gets
 too little CPU to keep up, and the rows would otherwise pile up into back-pressure).
 A serving worker never opens chdb (one process per chdb path); whichever
