@@ -48,6 +48,7 @@ from logstore.ingest import (
     wal_id,
 )
 from logstore.log_tables import LogTable
+from logstore.record_copy import copy_segment
 from logstore.segmenter import Segmenter
 from logstore.segments import (
     COLUMNS,
@@ -63,7 +64,6 @@ from logstore.segments import (
     LogRow,
     SpoolBacklog,
     SpoolWriter,
-    copy_segment,
     decode_rows,
     decode_table,
     encode_columns,

@@ -138,12 +138,27 @@ def retry_while_busy(route: Route, retried: list[str], attempts: int = 5) -> Non
     Two busy cores share the server's one SQLite file: a write that finds it locked is rolled
     back and answered 503 "retry". The Python client retries those; this UI version shows
     "Something went wrong" and gives up, which would fail the test on the machine, not the UI.
+
+    A connection reset is sent again too: Playwright's fetch reuses a keep-alive connection
+    that the server may close at that moment, so the request never reached it. Any other
+    failure aborts the request, so the page sees a network error. Before, a failed fetch raised
+    in this handler and left the request unanswered: the page's polling hung on it and never
+    showed the run's end (two fresh clones on 2026-12-07, "Route.fetch: read ECONNRESET").
     """
     if route.request.method == "GET":  # reads: the UI polls again by itself
         route.continue_()
         return
     for attempt in range(1, attempts + 1):
-        answer = route.fetch()
+        try:
+            answer = route.fetch()
+        except PlaywrightError as exc:
+            reset = "ECONNRESET" in str(exc) or "socket hang up" in str(exc)
+            if not reset or attempt == attempts:
+                retried.append(f"{exc}, aborted: {route.request.method} {route.request.url}\n")
+                route.abort()
+                return
+            retried.append(f"reset, sent again: {route.request.method} {route.request.url}\n")
+            continue
         if answer.status != 503 or attempt == attempts:
             route.fulfill(response=answer)
             return
